@@ -1,0 +1,806 @@
+/*
+ * arena.c - see arena.h for the layout and the rules.
+ */
+#include "arena.h"
+#include "keys.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define LOAD(p) __atomic_load_n ((p), __ATOMIC_ACQUIRE)
+#define LOAD_RELAXED(p) __atomic_load_n ((p), __ATOMIC_RELAXED)
+#define STORE(p, v) __atomic_store_n ((p), (v), __ATOMIC_RELEASE)
+#define FENCE_ACQ() __atomic_thread_fence (__ATOMIC_ACQUIRE)
+#define FENCE_REL() __atomic_thread_fence (__ATOMIC_RELEASE)
+
+#define BLOCK_MAGIC 0x4b4c4243u /* "CBLK" */
+#define BLOCK_PAD 0x44415043u   /* "CPAD": rest of the ring is padding */
+
+/* Block header at the start of every ring block. */
+typedef struct {
+   uint32_t magic;
+   uint32_t gen;
+   uint32_t len;  /* whole block, header included, multiple of 8 */
+   uint32_t slot; /* slot index that references it (writer bookkeeping) */
+} block_hdr_t;
+
+static uint64_t
+align_up (uint64_t v, uint64_t a)
+{
+   return (v + a - 1) & ~(a - 1);
+}
+
+static uint32_t
+pow2_at_least (uint32_t v, uint32_t min)
+{
+   uint32_t p = min;
+   while (p < v && p < (1u << 30)) {
+      p <<= 1;
+   }
+   return p;
+}
+
+uint64_t
+cqc_now_ns (void)
+{
+   struct timespec ts;
+   clock_gettime (CLOCK_MONOTONIC, &ts);
+   return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+/* ======================================================================== */
+/* Creation and attachment                                                  */
+/* ======================================================================== */
+
+uint64_t
+cqc_arena_required_bytes (cqc_geometry_t *geo)
+{
+   uint64_t off;
+
+   geo->slot_count = pow2_at_least (geo->slot_count, 64);
+   geo->ns_count = pow2_at_least (geo->ns_count ? geo->ns_count : 1024, 16);
+   geo->idgen_count = pow2_at_least (geo->idgen_count ? geo->idgen_count : 65536, 64);
+   if (geo->db_count == 0) {
+      geo->db_count = 256;
+   }
+   geo->budget_bytes = align_up (geo->budget_bytes, 64);
+
+   off = align_up (sizeof (cqc_arena_header_t), 64);
+   off += align_up ((uint64_t) geo->db_count * sizeof (cqc_db_t), 64);
+   off += align_up ((uint64_t) geo->ns_count * sizeof (cqc_ns_t), 64);
+   off += align_up ((uint64_t) geo->idgen_count * sizeof (uint64_t), 64);
+   off += align_up ((uint64_t) geo->slot_count * sizeof (cqc_slot_t), 64);
+   off += geo->budget_bytes;
+   return off;
+}
+
+static void
+bind_view (cqc_arena_t *a, void *mem, uint64_t size)
+{
+   a->base = mem;
+   a->size = size;
+   a->hdr = mem;
+   a->dbs = (cqc_db_t *) (a->base + a->hdr->db_off);
+   a->nss = (cqc_ns_t *) (a->base + a->hdr->ns_off);
+   a->idgen = (uint64_t *) (a->base + a->hdr->idgen_off);
+   a->slots = (cqc_slot_t *) (a->base + a->hdr->slots_off);
+   a->ring = a->base + a->hdr->ring_off;
+}
+
+bool
+cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t *geo_in,
+                  char *err, size_t errlen)
+{
+   cqc_geometry_t geo = *geo_in;
+   cqc_arena_header_t *h = mem;
+   uint64_t need, off;
+
+   if (geo.budget_bytes < 4096 || geo.budget_bytes > 0xF0000000ull) {
+      snprintf (err, errlen, "budget_bytes must be between 4096 and %llu",
+                (unsigned long long) 0xF0000000ull);
+      return false;
+   }
+   need = cqc_arena_required_bytes (&geo);
+   if (need > size) {
+      snprintf (err, errlen, "arena of %llu bytes is smaller than the %llu bytes required",
+                (unsigned long long) size, (unsigned long long) need);
+      return false;
+   }
+
+   memset (a, 0, sizeof *a);
+   h->layout_version = CQC_LAYOUT_VERSION;
+   h->header_bytes = (uint32_t) sizeof (cqc_arena_header_t);
+   h->arena_bytes = size;
+   h->geo = geo;
+   off = align_up (sizeof (cqc_arena_header_t), 64);
+   h->db_off = off;
+   off += align_up ((uint64_t) geo.db_count * sizeof (cqc_db_t), 64);
+   h->ns_off = off;
+   off += align_up ((uint64_t) geo.ns_count * sizeof (cqc_ns_t), 64);
+   h->idgen_off = off;
+   off += align_up ((uint64_t) geo.idgen_count * sizeof (uint64_t), 64);
+   h->slots_off = off;
+   off += align_up ((uint64_t) geo.slot_count * sizeof (cqc_slot_t), 64);
+   h->ring_off = off;
+   h->ring_bytes = geo.budget_bytes;
+   h->created_ns = cqc_now_ns ();
+   bind_view (a, mem, size);
+   /* The magic goes last: an attacher that sees it sees a formatted arena. */
+   STORE (&h->magic, CQC_ARENA_MAGIC);
+   return true;
+}
+
+bool
+cqc_arena_r_attach (cqc_arena_t *a, void *mem, uint64_t size, char *err, size_t errlen)
+{
+   const cqc_arena_header_t *h = mem;
+   cqc_geometry_t geo;
+   uint64_t need;
+
+   if (size < sizeof (cqc_arena_header_t)) {
+      snprintf (err, errlen, "arena is too small to hold a header");
+      return false;
+   }
+   if (LOAD (&h->magic) != CQC_ARENA_MAGIC) {
+      snprintf (err, errlen, "arena has a bad magic number");
+      return false;
+   }
+   if (h->layout_version != CQC_LAYOUT_VERSION) {
+      snprintf (err, errlen, "arena layout version %u, expected %u", h->layout_version,
+                CQC_LAYOUT_VERSION);
+      return false;
+   }
+   geo = h->geo;
+   need = cqc_arena_required_bytes (&geo);
+   if (memcmp (&geo, &h->geo, sizeof geo) != 0 || need > size || h->arena_bytes != size ||
+       h->ring_off + h->ring_bytes > size || h->ring_bytes != geo.budget_bytes ||
+       h->slots_off + (uint64_t) geo.slot_count * sizeof (cqc_slot_t) > h->ring_off ||
+       h->db_off + (uint64_t) geo.db_count * sizeof (cqc_db_t) > h->ns_off ||
+       h->ns_off + (uint64_t) geo.ns_count * sizeof (cqc_ns_t) > h->idgen_off ||
+       h->idgen_off + (uint64_t) geo.idgen_count * 8u > h->slots_off ||
+       h->db_off < sizeof (cqc_arena_header_t)) {
+      snprintf (err, errlen, "arena geometry is inconsistent with its size");
+      return false;
+   }
+   memset (a, 0, sizeof *a);
+   bind_view (a, mem, size);
+   return true;
+}
+
+/* ======================================================================== */
+/* Reader API                                                               */
+/* ======================================================================== */
+
+cqc_stream_state_t
+cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
+{
+   const cqc_db_t *d;
+   uint32_t st;
+   uint64_t progress, stall;
+
+   *stalled = false;
+   if (db_idx >= a->hdr->geo.db_count) {
+      return CQC_STREAM_FAILED;
+   }
+   d = &a->dbs[db_idx];
+   st = LOAD (&d->health);
+   if (st != CQC_STREAM_HEALTHY) {
+      return st > CQC_STREAM_CLOSED ? CQC_STREAM_FAILED : (cqc_stream_state_t) st;
+   }
+   progress = LOAD (&d->progress_ns);
+   stall = LOAD_RELAXED (&d->stall_ns);
+   if (cqc_now_ns () > progress + stall) {
+      *stalled = true;
+      return CQC_STREAM_RECONNECTING;
+   }
+   return CQC_STREAM_HEALTHY;
+}
+
+bool
+cqc_arena_r_ns_find (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx)
+{
+   uint32_t mask = a->hdr->geo.ns_count - 1;
+   uint64_t h = cqc_hash_bytes (name, len, 0x6e73u);
+   uint32_t i, n;
+
+   if (len >= CQC_NS_NAME_MAX) {
+      return false;
+   }
+   for (n = 0, i = (uint32_t) h & mask; n <= mask; n++, i = (i + 1) & mask) {
+      const cqc_ns_t *ns = &a->nss[i];
+      if (!LOAD (&ns->used)) {
+         return false;
+      }
+      if (ns->hash == h && ns->name_len == len && memcmp (ns->name, name, len) == 0) {
+         *idx = i;
+         return true;
+      }
+   }
+   return false;
+}
+
+/* Whether an entry's recorded generations are all still current. Reads the
+ * namespace, database and identity tables; every index is bounds-checked. */
+static bool
+entry_current_r (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, uint16_t flags,
+                 uint64_t ns_epoch, uint64_t gen, uint32_t db_inc)
+{
+   const cqc_ns_t *ns;
+   uint32_t db_idx;
+
+   if (ns_idx >= a->hdr->geo.ns_count) {
+      return false;
+   }
+   ns = &a->nss[ns_idx];
+   if (LOAD (&ns->epoch) != ns_epoch) {
+      return false;
+   }
+   db_idx = LOAD_RELAXED (&ns->db_idx);
+   if (db_idx >= a->hdr->geo.db_count || LOAD (&a->dbs[db_idx].incarnation) != db_inc) {
+      return false;
+   }
+   if (flags & CQC_ENTRY_IDENTITY) {
+      if (id_cell >= a->hdr->geo.idgen_count) {
+         return false;
+      }
+      return LOAD (&a->idgen[id_cell]) == gen;
+   }
+   return LOAD (&ns->write_gen) == gen;
+}
+
+cqc_lookup_t
+cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const uint8_t *key,
+                    uint32_t key_len, cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
+{
+   uint32_t mask = a->hdr->geo.slot_count - 1;
+   uint64_t ring_bytes = a->hdr->ring_bytes;
+   uint32_t i, n;
+
+   for (n = 0, i = (uint32_t) hash & mask; n < CQC_MAX_PROBE; n++, i = (i + 1) & mask) {
+      const cqc_slot_t *s = &a->slots[i];
+      uint32_t seq1 = LOAD (&s->seq);
+      cqc_slot_t c;
+      const block_hdr_t *bh;
+      void *dst = NULL;
+
+      if (seq1 & 1u) {
+         return CQC_LOOKUP_MISS; /* writer busy here: a miss is always safe */
+      }
+      memcpy (&c, s, sizeof c);
+      FENCE_ACQ ();
+      if (LOAD_RELAXED (&s->seq) != seq1) {
+         return CQC_LOOKUP_MISS;
+      }
+      if (c.state == 0) {
+         return CQC_LOOKUP_MISS; /* end of the probe chain */
+      }
+      if (c.hash != hash || c.key_len != key_len || c.ns_idx != ns_idx) {
+         continue;
+      }
+      /* Bounds: the block, its key and its value lie inside the ring. */
+      if ((uint64_t) c.block_off + CQC_BLOCK_HEADER + (uint64_t) c.key_len + c.val_len >
+          ring_bytes) {
+         return CQC_LOOKUP_MISS;
+      }
+      bh = (const block_hdr_t *) (a->ring + c.block_off);
+      if (bh->gen != c.block_gen ||
+          memcmp (a->ring + c.block_off + CQC_BLOCK_HEADER, key, key_len) != 0) {
+         continue;
+      }
+      if (!entry_current_r (a, c.ns_idx, c.id_cell, c.flags, c.ns_epoch, c.gen, c.db_inc)) {
+         return CQC_LOOKUP_MISS;
+      }
+      if (!(c.flags & CQC_ENTRY_NOT_FOUND)) {
+         dst = alloc (ctx, c.val_len);
+         if (!dst) {
+            return CQC_LOOKUP_MISS;
+         }
+         memcpy (dst, a->ring + c.block_off + CQC_BLOCK_HEADER + c.key_len, c.val_len);
+      }
+      FENCE_ACQ ();
+      if (LOAD_RELAXED (&s->seq) != seq1) {
+         if (dst) {
+            discard (ctx);
+         }
+         return CQC_LOOKUP_MISS;
+      }
+      if (a->refbits && !a->refbits[i]) {
+         a->refbits[i] = 1;
+      }
+      return (c.flags & CQC_ENTRY_NOT_FOUND) ? CQC_LOOKUP_NOT_FOUND : CQC_LOOKUP_HIT;
+   }
+   return CQC_LOOKUP_MISS;
+}
+
+void
+cqc_arena_r_capture (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, cqc_token_t *tok)
+{
+   const cqc_ns_t *ns;
+   bool stalled;
+
+   memset (tok, 0, sizeof *tok);
+   tok->ns_idx = ns_idx;
+   tok->id_cell = id_cell;
+   if (ns_idx >= a->hdr->geo.ns_count) {
+      return; /* healthy stays 0: the admission will be refused */
+   }
+   ns = &a->nss[ns_idx];
+   tok->db_idx = LOAD_RELAXED (&ns->db_idx);
+   if (tok->db_idx >= a->hdr->geo.db_count) {
+      return;
+   }
+   /* Health first: generations read after a healthy check are at least as
+    * new as the state that check saw. */
+   tok->healthy = cqc_arena_r_db_state (a, tok->db_idx, &stalled) == CQC_STREAM_HEALTHY;
+   tok->db_inc = LOAD (&a->dbs[tok->db_idx].incarnation);
+   tok->ns_epoch = LOAD (&ns->epoch);
+   if (id_cell != CQC_NO_CELL && id_cell < a->hdr->geo.idgen_count) {
+      tok->gen = LOAD (&a->idgen[id_cell]);
+   } else {
+      tok->id_cell = CQC_NO_CELL;
+      tok->gen = LOAD (&ns->write_gen);
+   }
+}
+
+/* ======================================================================== */
+/* Writer: registration                                                     */
+/* ======================================================================== */
+
+static bool
+db_find_w (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx)
+{
+   uint32_t i;
+   for (i = 0; i < a->hdr->geo.db_count; i++) {
+      const cqc_db_t *d = &a->dbs[i];
+      if (!d->used) {
+         return false;
+      }
+      if (d->name_len == len && memcmp (d->name, name, len) == 0) {
+         *idx = i;
+         return true;
+      }
+   }
+   return false;
+}
+
+bool
+cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t *idx,
+                         char *err, size_t errlen)
+{
+   uint32_t i;
+
+   if (len == 0 || len >= CQC_DB_NAME_MAX || memchr (name, '\0', len)) {
+      snprintf (err, errlen, "invalid database name");
+      return false;
+   }
+   if (db_find_w (a, name, len, idx)) {
+      return true;
+   }
+   for (i = 0; i < a->hdr->geo.db_count; i++) {
+      cqc_db_t *d = &a->dbs[i];
+      if (!d->used) {
+         memcpy (d->name, name, len);
+         d->name[len] = '\0';
+         d->name_len = (uint32_t) len;
+         d->stall_ns = 5000000000ull;
+         STORE (&d->health, (uint32_t) CQC_STREAM_NOT_STARTED);
+         STORE (&d->used, 1u);
+         *idx = i;
+         return true;
+      }
+   }
+   snprintf (err, errlen, "the arena's database table is full (%u databases)",
+             a->hdr->geo.db_count);
+   return false;
+}
+
+static size_t
+ns_name (char *out, const char *db, size_t db_len, const char *coll, size_t coll_len)
+{
+   if (db_len + 1 + coll_len >= CQC_NS_NAME_MAX) {
+      return 0;
+   }
+   memcpy (out, db, db_len);
+   out[db_len] = '.';
+   memcpy (out + db_len + 1, coll, coll_len);
+   out[db_len + 1 + coll_len] = '\0';
+   return db_len + 1 + coll_len;
+}
+
+bool
+cqc_arena_w_ns_lookup (const cqc_arena_t *a, const char *db, size_t db_len, const char *coll,
+                       size_t coll_len, uint32_t *idx)
+{
+   char name[CQC_NS_NAME_MAX];
+   size_t len = ns_name (name, db, db_len, coll, coll_len);
+   return len && cqc_arena_r_ns_find (a, name, len, idx);
+}
+
+bool
+cqc_arena_w_ns_register (cqc_arena_t *a, const char *db, size_t db_len, const char *coll,
+                         size_t coll_len, uint32_t *idx, char *err, size_t errlen)
+{
+   char name[CQC_NS_NAME_MAX];
+   size_t len = ns_name (name, db, db_len, coll, coll_len);
+   uint32_t mask = a->hdr->geo.ns_count - 1;
+   uint32_t db_idx, i, n;
+   uint64_t h;
+
+   if (!len || coll_len == 0 || memchr (coll, '\0', coll_len)) {
+      snprintf (err, errlen, "invalid namespace name");
+      return false;
+   }
+   if (cqc_arena_r_ns_find (a, name, len, idx)) {
+      return true;
+   }
+   if (!cqc_arena_w_db_register (a, db, db_len, &db_idx, err, errlen)) {
+      return false;
+   }
+   h = cqc_hash_bytes (name, len, 0x6e73u);
+   for (n = 0, i = (uint32_t) h & mask; n <= mask / 4 * 3; n++, i = (i + 1) & mask) {
+      cqc_ns_t *ns = &a->nss[i];
+      if (!ns->used) {
+         memcpy (ns->name, name, len + 1);
+         ns->name_len = (uint32_t) len;
+         ns->hash = h;
+         ns->db_idx = db_idx;
+         STORE (&ns->used, 1u);
+         *idx = i;
+         return true;
+      }
+   }
+   snprintf (err, errlen, "the arena's namespace table is full (%u namespaces)",
+             a->hdr->geo.ns_count);
+   return false;
+}
+
+/* ======================================================================== */
+/* Writer: slot table                                                       */
+/* ======================================================================== */
+
+static void
+slot_begin_w (cqc_slot_t *s)
+{
+   STORE (&s->seq, s->seq + 1u); /* odd */
+   FENCE_REL ();
+}
+
+static void
+slot_end_w (cqc_slot_t *s)
+{
+   STORE (&s->seq, s->seq + 1u); /* even */
+}
+
+static block_hdr_t *
+block_at_w (cqc_arena_t *a, uint64_t off)
+{
+   return (block_hdr_t *) (a->ring + off);
+}
+
+/* Remove the entry in slot i, keeping the probe chains intact by shifting
+ * later entries back (no tombstones). Concurrent readers may miss an entry
+ * while it moves, which is safe. */
+static void
+slot_remove_w (cqc_arena_t *a, uint32_t i)
+{
+   uint32_t mask = a->hdr->geo.slot_count - 1;
+   uint32_t j = i;
+   cqc_slot_t *hole = &a->slots[i];
+
+   a->hdr->used_bytes -= block_at_w (a, hole->block_off)->len;
+   a->hdr->entries--;
+
+   for (;;) {
+      cqc_slot_t *sj;
+      uint32_t k;
+
+      j = (j + 1) & mask;
+      sj = &a->slots[j];
+      if (sj->state == 0) {
+         break;
+      }
+      k = (uint32_t) sj->hash & mask;
+      /* sj stays if its home k lies cyclically in (i, j]. */
+      if ((i <= j) ? (i < k && k <= j) : (i < k || k <= j)) {
+         continue;
+      }
+      hole = &a->slots[i];
+      slot_begin_w (hole);
+      {
+         uint32_t seq = hole->seq;
+         memcpy (hole, sj, sizeof *hole);
+         hole->seq = seq;
+      }
+      slot_end_w (hole);
+      block_at_w (a, hole->block_off)->slot = i;
+      if (a->refbits) {
+         a->refbits[i] = a->refbits[j];
+      }
+      i = j;
+   }
+   hole = &a->slots[i];
+   slot_begin_w (hole);
+   hole->state = 0;
+   hole->hash = 0;
+   slot_end_w (hole);
+   if (a->refbits) {
+      a->refbits[i] = 0;
+   }
+}
+
+static bool
+slot_find_w (const cqc_arena_t *a, uint64_t hash, const uint8_t *key, uint32_t key_len,
+             uint32_t ns_idx, uint32_t *out)
+{
+   uint32_t mask = a->hdr->geo.slot_count - 1;
+   uint32_t i, n;
+   for (n = 0, i = (uint32_t) hash & mask; n < CQC_MAX_PROBE; n++, i = (i + 1) & mask) {
+      const cqc_slot_t *s = &a->slots[i];
+      if (s->state == 0) {
+         return false;
+      }
+      if (s->hash == hash && s->key_len == key_len && s->ns_idx == ns_idx &&
+          memcmp (a->ring + s->block_off + CQC_BLOCK_HEADER, key, key_len) == 0) {
+         *out = i;
+         return true;
+      }
+   }
+   return false;
+}
+
+/* ======================================================================== */
+/* Writer: payload ring                                                     */
+/* ======================================================================== */
+
+/* Reclaim the block at the tail: evict its entry if it still has one. */
+static void
+ring_pop_w (cqc_arena_t *a)
+{
+   cqc_arena_header_t *h = a->hdr;
+   uint64_t cap = h->ring_bytes;
+   block_hdr_t *bh;
+
+   if (cap - h->ring_tail < CQC_BLOCK_HEADER ||
+       block_at_w (a, h->ring_tail)->magic == BLOCK_PAD) {
+      h->ring_span -= cap - h->ring_tail;
+      h->ring_tail = 0;
+      return;
+   }
+   bh = block_at_w (a, h->ring_tail);
+   if (bh->magic != BLOCK_MAGIC || bh->len < CQC_BLOCK_HEADER || bh->len > h->ring_span ||
+       bh->len > cap - h->ring_tail) {
+      /* The writer's own bookkeeping is inconsistent: start over. */
+      cqc_arena_w_clear (a);
+      return;
+   }
+   if (bh->slot < h->geo.slot_count) {
+      cqc_slot_t *s = &a->slots[bh->slot];
+      if (s->state && s->block_off == h->ring_tail && s->block_gen == bh->gen) {
+         slot_remove_w (a, bh->slot);
+         h->evictions++;
+      }
+   }
+   bh->magic = 0;
+   h->ring_tail += bh->len;
+   h->ring_span -= bh->len;
+   if (h->ring_tail == cap) {
+      h->ring_tail = 0;
+   }
+}
+
+/* Allocate `need` contiguous bytes at the head, evicting from the tail. */
+static bool
+ring_alloc_w (cqc_arena_t *a, uint64_t need, uint64_t *off)
+{
+   cqc_arena_header_t *h = a->hdr;
+   uint64_t cap = h->ring_bytes;
+
+   if (need > cap) {
+      return false;
+   }
+   for (;;) {
+      if (h->ring_span == 0) {
+         h->ring_head = h->ring_tail = 0;
+      }
+      if (h->ring_span < cap && h->ring_head >= h->ring_tail) {
+         /* Free space is [head, cap) then [0, tail). */
+         if (cap - h->ring_head >= need) {
+            break;
+         }
+         if (cap - h->ring_head >= CQC_BLOCK_HEADER) {
+            block_at_w (a, h->ring_head)->magic = BLOCK_PAD;
+         }
+         h->ring_span += cap - h->ring_head;
+         h->ring_head = 0;
+         continue;
+      }
+      /* Free space is [head, tail). */
+      if (h->ring_span < cap && h->ring_tail - h->ring_head >= need) {
+         break;
+      }
+      ring_pop_w (a);
+   }
+   *off = h->ring_head;
+   h->ring_head += need;
+   h->ring_span += need;
+   if (h->ring_head == cap) {
+      h->ring_head = 0;
+   }
+   return true;
+}
+
+void
+cqc_arena_w_clear (cqc_arena_t *a)
+{
+   uint32_t i;
+   for (i = 0; i < a->hdr->geo.slot_count; i++) {
+      cqc_slot_t *s = &a->slots[i];
+      if (s->state) {
+         slot_begin_w (s);
+         s->state = 0;
+         s->hash = 0;
+         slot_end_w (s);
+      }
+      if (a->refbits) {
+         a->refbits[i] = 0;
+      }
+   }
+   a->hdr->ring_head = a->hdr->ring_tail = a->hdr->ring_span = 0;
+   a->hdr->used_bytes = 0;
+   a->hdr->entries = 0;
+}
+
+/* ======================================================================== */
+/* Writer: admission                                                        */
+/* ======================================================================== */
+
+static bool
+token_current_w (const cqc_arena_t *a, const cqc_token_t *tok)
+{
+   uint16_t flags = tok->id_cell != CQC_NO_CELL ? CQC_ENTRY_IDENTITY : 0;
+   return entry_current_r (a, tok->ns_idx, tok->id_cell, flags, tok->ns_epoch, tok->gen,
+                           tok->db_inc);
+}
+
+cqc_admit_t
+cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const uint8_t *key,
+                   uint32_t key_len, const uint8_t *val, uint32_t val_len, uint16_t flags)
+{
+   cqc_arena_header_t *h = a->hdr;
+   uint32_t mask = h->geo.slot_count - 1;
+   uint64_t need = align_up ((uint64_t) CQC_BLOCK_HEADER + key_len + val_len, 8);
+   uint64_t off;
+   uint32_t i, n, existing;
+   block_hdr_t *bh;
+   cqc_slot_t *s;
+   bool stalled;
+
+   if (!tok->healthy || tok->db_idx >= h->geo.db_count ||
+       cqc_arena_r_db_state (a, tok->db_idx, &stalled) != CQC_STREAM_HEALTHY) {
+      h->rejected_health++;
+      return CQC_ADMIT_UNHEALTHY;
+   }
+   if (!token_current_w (a, tok)) {
+      h->rejected_stale++;
+      return CQC_ADMIT_STALE;
+   }
+   /* One entry may use at most a quarter of the ring, so that admitting it
+    * never flushes the whole cache. */
+   if (need > h->ring_bytes / 4) {
+      h->rejected_size++;
+      return CQC_ADMIT_TOO_LARGE;
+   }
+   if (tok->id_cell != CQC_NO_CELL) {
+      flags |= CQC_ENTRY_IDENTITY;
+   }
+   if (slot_find_w (a, hash, key, key_len, tok->ns_idx, &existing)) {
+      slot_remove_w (a, existing);
+   }
+   /* Keep the table at most 3/4 full so probe chains stay short. */
+   while (h->entries >= (uint64_t) h->geo.slot_count / 4 * 3 && h->ring_span > 0) {
+      ring_pop_w (a);
+   }
+   if (!ring_alloc_w (a, need, &off)) {
+      h->rejected_size++;
+      return CQC_ADMIT_TOO_LARGE;
+   }
+   bh = block_at_w (a, off);
+   bh->magic = BLOCK_MAGIC;
+   bh->gen = (uint32_t) ++h->block_gen;
+   bh->len = (uint32_t) need;
+   bh->slot = CQC_NO_CELL;
+   memcpy (a->ring + off + CQC_BLOCK_HEADER, key, key_len);
+   if (val_len) {
+      memcpy (a->ring + off + CQC_BLOCK_HEADER + key_len, val, val_len);
+   }
+
+   for (n = 0, i = (uint32_t) hash & mask; n < CQC_MAX_PROBE; n++, i = (i + 1) & mask) {
+      if (a->slots[i].state == 0) {
+         break;
+      }
+   }
+   if (n == CQC_MAX_PROBE) {
+      /* The block stays unreferenced; the tail reclaims it. */
+      h->rejected_probe++;
+      return CQC_ADMIT_NO_SLOT;
+   }
+   bh->slot = i;
+   s = &a->slots[i];
+   slot_begin_w (s);
+   s->state = 1;
+   s->flags = flags;
+   s->hash = hash;
+   s->block_off = (uint32_t) off;
+   s->block_gen = bh->gen;
+   s->key_len = key_len;
+   s->val_len = val_len;
+   s->ns_idx = tok->ns_idx;
+   s->id_cell = tok->id_cell;
+   s->ns_epoch = tok->ns_epoch;
+   s->gen = tok->gen;
+   s->db_inc = tok->db_inc;
+   slot_end_w (s);
+   if (a->refbits) {
+      a->refbits[i] = 0;
+   }
+   h->used_bytes += need;
+   h->entries++;
+   h->admissions++;
+   return CQC_ADMIT_OK;
+}
+
+/* ======================================================================== */
+/* Writer: invalidation and health                                          */
+/* ======================================================================== */
+
+void
+cqc_arena_w_invalidate_id (cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell)
+{
+   if (id_cell < a->hdr->geo.idgen_count) {
+      STORE (&a->idgen[id_cell], a->idgen[id_cell] + 1u);
+   }
+   if (ns_idx < a->hdr->geo.ns_count) {
+      STORE (&a->nss[ns_idx].write_gen, a->nss[ns_idx].write_gen + 1u);
+   }
+   a->hdr->invalidations++;
+}
+
+void
+cqc_arena_w_invalidate_ns (cqc_arena_t *a, uint32_t ns_idx)
+{
+   if (ns_idx < a->hdr->geo.ns_count) {
+      cqc_ns_t *ns = &a->nss[ns_idx];
+      STORE (&ns->epoch, ns->epoch + 1u);
+      STORE (&ns->write_gen, ns->write_gen + 1u);
+   }
+   a->hdr->invalidations++;
+}
+
+void
+cqc_arena_w_invalidate_db (cqc_arena_t *a, uint32_t db_idx)
+{
+   if (db_idx < a->hdr->geo.db_count) {
+      STORE (&a->dbs[db_idx].incarnation, a->dbs[db_idx].incarnation + 1u);
+   }
+   a->hdr->invalidations++;
+}
+
+void
+cqc_arena_w_set_health (cqc_arena_t *a, uint32_t db_idx, cqc_stream_state_t st)
+{
+   if (db_idx < a->hdr->geo.db_count) {
+      if (st == CQC_STREAM_HEALTHY) {
+         STORE (&a->dbs[db_idx].progress_ns, cqc_now_ns ());
+      }
+      STORE (&a->dbs[db_idx].health, (uint32_t) st);
+   }
+}
+
+void
+cqc_arena_w_progress (cqc_arena_t *a, uint32_t db_idx)
+{
+   if (db_idx < a->hdr->geo.db_count) {
+      STORE (&a->dbs[db_idx].progress_ns, cqc_now_ns ());
+   }
+}

@@ -1,0 +1,266 @@
+/*
+ * arena.h - the cache arena: one contiguous region of memory holding every
+ * cached entry, readable without locks.
+ *
+ * The same layout is used whether the memory is private to one process
+ * (process-local mode) or a shared mapping created by an owner process and
+ * mapped read-only by workers (shared mode). Nothing in this file knows which.
+ *
+ * Layout (all offsets from the start of the arena, all 64-byte aligned):
+ *
+ *   +---------------------+  0
+ *   | cqc_arena_header_t  |  magic, layout version, geometry, writer state
+ *   +---------------------+  db_off
+ *   | cqc_db_t[db_count]  |  watched databases: stream health, incarnation
+ *   +---------------------+  ns_off
+ *   | cqc_ns_t[ns_count]  |  namespaces: epoch and write generation
+ *   +---------------------+  idgen_off
+ *   | uint64_t[idgen_count]  identity generations, indexed by a hash of
+ *   |                     |  (namespace, canonical _id)
+ *   +---------------------+  slots_off
+ *   | cqc_slot_t[slots]   |  open-addressed (linear probing) entry table
+ *   +---------------------+  ring_off
+ *   | payload ring        |  blocks: header, key bytes, value bytes
+ *   +---------------------+  ring_off + ring_bytes <= arena_bytes
+ *
+ * Invariants:
+ *  - Single writer. Every function named cqc_arena_w_* must be called with the
+ *    writer's lock held (process-local) or from the owner's writer thread.
+ *  - Readers take no lock. A slot's `seq` is odd while the writer changes the
+ *    slot; a reader copies what it needs and re-reads `seq`: any change makes
+ *    the read a miss. Functions that read the arena without the writer lock are
+ *    named cqc_arena_r_* and bounds-check every offset and length they read,
+ *    so arbitrary bytes in the arena can cause a miss but never a crash.
+ *  - Payload bytes in use (live blocks) never exceed budget_bytes: the ring's
+ *    capacity is the budget, and allocation evicts the oldest blocks first.
+ *  - Generations only grow. An entry records the generations it was admitted
+ *    under; it is valid only while all of them are still current. Invalidation
+ *    is therefore O(1): bump a generation, never search for entries.
+ */
+#ifndef CQC_ARENA_H
+#define CQC_ARENA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
+#define CQC_LAYOUT_VERSION 1u
+
+#define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
+#define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
+#define CQC_MAX_PROBE 64u    /* longest probe sequence, readers and writer */
+#define CQC_NO_CELL 0xffffffffu
+#define CQC_BLOCK_HEADER 16u
+
+/* Entry flags (cqc_slot_t.flags). */
+#define CQC_ENTRY_IDENTITY 0x1u  /* validated by an identity generation */
+#define CQC_ENTRY_NOT_FOUND 0x2u /* cached "no document": value is empty */
+
+/* Stream health, stored in cqc_db_t.health. Only HEALTHY serves. */
+typedef enum {
+   CQC_STREAM_NOT_STARTED = 0,
+   CQC_STREAM_CONNECTING = 1,
+   CQC_STREAM_HEALTHY = 2,
+   CQC_STREAM_RECONNECTING = 3,
+   CQC_STREAM_FAILED = 4,
+   CQC_STREAM_CLOSED = 5,
+} cqc_stream_state_t;
+
+/* Result of a reader lookup. */
+typedef enum {
+   CQC_LOOKUP_MISS = 0,     /* no valid entry */
+   CQC_LOOKUP_HIT = 1,      /* value copied out */
+   CQC_LOOKUP_NOT_FOUND = 2 /* cached "no document" */
+} cqc_lookup_t;
+
+/* Geometry chosen at creation; growth means a new arena. */
+typedef struct {
+   uint64_t budget_bytes; /* payload ring capacity */
+   uint32_t slot_count;   /* rounded up to a power of two */
+   uint32_t ns_count;     /* power of two */
+   uint32_t db_count;
+   uint32_t idgen_count; /* power of two */
+} cqc_geometry_t;
+
+/* One database followed by a change stream. Written by the stream thread
+ * (under the writer lock), read by readers for every lookup. */
+typedef struct {
+   uint32_t used;        /* 1 once registered; never cleared */
+   uint32_t health;      /* cqc_stream_state_t */
+   uint32_t incarnation; /* bumped when the db's entries must all go */
+   uint32_t name_len;
+   uint64_t progress_ns; /* CLOCK_MONOTONIC of the last stream round trip */
+   uint64_t stall_ns;    /* progress older than this is not healthy */
+   uint64_t events;      /* change events applied */
+   uint64_t reconnects;
+   uint64_t history_lost; /* times every entry was dropped for lost history */
+   char name[CQC_DB_NAME_MAX];
+} cqc_db_t;
+
+/* One namespace ("db.coll"). Entries are never removed: an index handed to
+ * a reader stays valid for the arena's life. */
+typedef struct {
+   uint32_t used;
+   uint32_t db_idx;
+   uint64_t hash;
+   uint64_t epoch;     /* bumped by drop, rename, create, dropDatabase... */
+   uint64_t write_gen; /* bumped by every write to the collection */
+   uint32_t name_len;
+   uint32_t pad_;
+   char name[CQC_NS_NAME_MAX];
+} cqc_ns_t;
+
+/* One entry of the open-addressed table: exactly one cache line. */
+typedef struct {
+   uint32_t seq;   /* seqlock: odd while the writer changes this slot */
+   uint16_t state; /* 0 empty, 1 live */
+   uint16_t flags; /* CQC_ENTRY_* */
+   uint64_t hash;
+   uint32_t block_off; /* offset of the block within the ring */
+   uint32_t block_gen; /* must equal the block header's gen */
+   uint32_t key_len;
+   uint32_t val_len;
+   uint32_t ns_idx;
+   uint32_t id_cell; /* identity generation cell, CQC_NO_CELL otherwise */
+   uint64_t ns_epoch;
+   uint64_t gen; /* id cell generation (identity) or ns write_gen */
+   uint32_t db_inc;
+   uint32_t pad_;
+} cqc_slot_t;
+
+/* Header at offset 0. The first block is immutable after creation. */
+typedef struct {
+   uint64_t magic;
+   uint32_t layout_version;
+   uint32_t header_bytes;
+   uint64_t arena_bytes;
+   cqc_geometry_t geo;
+   uint64_t db_off, ns_off, idgen_off, slots_off, ring_off, ring_bytes;
+   uint32_t owner_uid;
+   uint32_t owner_pid;
+   uint64_t created_ns;
+
+   /* Writer state (changed only by the writer, read by snapshots). */
+   uint64_t ring_head;  /* next allocation offset */
+   uint64_t ring_tail;  /* oldest block */
+   uint64_t ring_span;  /* bytes between tail and head, dead blocks included */
+   uint64_t used_bytes; /* live blocks only; <= geo.budget_bytes */
+   uint64_t entries;
+   uint64_t block_gen;  /* last block generation handed out */
+   uint64_t heartbeat_ns;
+
+   /* Writer counters. */
+   uint64_t admissions;
+   uint64_t rejected_stale;  /* token no longer current */
+   uint64_t rejected_health; /* stream not healthy at admission */
+   uint64_t rejected_size;   /* entry larger than the arena accepts */
+   uint64_t rejected_probe;  /* no free slot within CQC_MAX_PROBE */
+   uint64_t evictions;
+   uint64_t invalidations;
+} cqc_arena_header_t;
+
+/* Generations captured before a miss reads MongoDB (coherence rule 1). */
+typedef struct {
+   uint32_t ns_idx;
+   uint32_t db_idx;
+   uint32_t id_cell; /* CQC_NO_CELL for non-identity reads */
+   uint32_t db_inc;
+   uint64_t ns_epoch;
+   uint64_t gen;
+   uint32_t healthy; /* stream was healthy at capture */
+   uint32_t pad_;
+} cqc_token_t;
+
+/* A view of an arena in memory; what a process holds, not what is shared. */
+typedef struct {
+   uint8_t *base;
+   uint64_t size;
+   cqc_arena_header_t *hdr;
+   cqc_db_t *dbs;
+   cqc_ns_t *nss;
+   uint64_t *idgen;
+   cqc_slot_t *slots;
+   uint8_t *ring;
+   uint8_t *refbits; /* process-private reference bits, one per slot; may be NULL */
+} cqc_arena_t;
+
+/* ------------------------------------------------------------------------ */
+/* Creation and attachment                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Bytes an arena of this geometry needs (geometry is normalized in place). */
+uint64_t cqc_arena_required_bytes (cqc_geometry_t *geo);
+
+/* Format `mem` (size bytes, zeroed) as a new arena. */
+bool cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t *geo,
+                       char *err, size_t errlen);
+
+/* Validate an existing arena (shared memory read by an attacher): magic,
+ * layout version, and that every offset fits in `size`. */
+bool cqc_arena_r_attach (cqc_arena_t *a, void *mem, uint64_t size, char *err, size_t errlen);
+
+/* ------------------------------------------------------------------------ */
+/* Reader API: lock-free, bounds-checked                                     */
+/* ------------------------------------------------------------------------ */
+
+uint64_t cqc_now_ns (void);
+
+/* State of a database as a reader sees it: HEALTHY only when the stream is
+ * established and has made progress within its stall bound. */
+cqc_stream_state_t cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled);
+
+/* Find a namespace by name without the lock. Returns false if absent. */
+bool cqc_arena_r_ns_find (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx);
+
+/* Look a key up. On HIT, calls sink(ctx, value, len) with a private copy
+ * target obtained from alloc(ctx, len); the copy is verified against the
+ * slot's seqlock after the fact, and `discard(ctx)` is called if the copy
+ * raced a writer. */
+typedef void *(*cqc_alloc_fn) (void *ctx, size_t len);
+typedef void (*cqc_discard_fn) (void *ctx);
+cqc_lookup_t cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash,
+                                 const uint8_t *key, uint32_t key_len, cqc_alloc_fn alloc,
+                                 cqc_discard_fn discard, void *ctx);
+
+/* Capture an admission token for a read of ns_idx (id_cell or CQC_NO_CELL). */
+void cqc_arena_r_capture (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell,
+                          cqc_token_t *tok);
+
+/* ------------------------------------------------------------------------ */
+/* Writer API: single writer                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef enum {
+   CQC_ADMIT_OK = 0,
+   CQC_ADMIT_STALE = 1,
+   CQC_ADMIT_UNHEALTHY = 2,
+   CQC_ADMIT_TOO_LARGE = 3,
+   CQC_ADMIT_NO_SLOT = 4,
+} cqc_admit_t;
+
+bool cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t *idx,
+                              char *err, size_t errlen);
+bool cqc_arena_w_ns_register (cqc_arena_t *a, const char *db, size_t db_len, const char *coll,
+                              size_t coll_len, uint32_t *idx, char *err, size_t errlen);
+/* Find a namespace under the writer lock ("db" "." "coll"). */
+bool cqc_arena_w_ns_lookup (const cqc_arena_t *a, const char *db, size_t db_len,
+                            const char *coll, size_t coll_len, uint32_t *idx);
+
+cqc_admit_t cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash,
+                               const uint8_t *key, uint32_t key_len, const uint8_t *val,
+                               uint32_t val_len, uint16_t flags);
+
+/* Invalidation. */
+void cqc_arena_w_invalidate_id (cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell);
+void cqc_arena_w_invalidate_ns (cqc_arena_t *a, uint32_t ns_idx);
+void cqc_arena_w_invalidate_db (cqc_arena_t *a, uint32_t db_idx);
+
+/* Remove every entry from the table and reset the ring. */
+void cqc_arena_w_clear (cqc_arena_t *a);
+
+/* Stream health, published for readers. */
+void cqc_arena_w_set_health (cqc_arena_t *a, uint32_t db_idx, cqc_stream_state_t st);
+void cqc_arena_w_progress (cqc_arena_t *a, uint32_t db_idx);
+
+#endif

@@ -1,0 +1,144 @@
+/*
+ * keys.c - see keys.h.
+ */
+#include "keys.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ======================================================================== */
+/* Byte hashing                                                             */
+/* ======================================================================== */
+
+static inline uint64_t
+fmix64 (uint64_t k)
+{
+   k ^= k >> 33;
+   k *= 0xff51afd7ed558ccdull;
+   k ^= k >> 33;
+   k *= 0xc4ceb9fe1a85ec53ull;
+   k ^= k >> 33;
+   return k;
+}
+
+uint64_t
+cqc_hash_bytes (const void *p, size_t len, uint64_t seed)
+{
+   const uint8_t *b = p;
+   uint64_t h = seed ^ ((uint64_t) len * 0x9e3779b97f4a7c15ull);
+   uint64_t w;
+
+   while (len >= 8) {
+      memcpy (&w, b, 8);
+      h = (h ^ fmix64 (w)) * 0x9e3779b97f4a7c15ull;
+      h ^= h >> 29;
+      b += 8;
+      len -= 8;
+   }
+   w = 0;
+   memcpy (&w, b, len);
+   h = (h ^ fmix64 (w ^ ((uint64_t) len << 56))) * 0x9e3779b97f4a7c15ull;
+   return fmix64 (h);
+}
+
+/* ======================================================================== */
+/* Canonical _id hashing                                                    */
+/* ======================================================================== */
+
+/* Canonical type tags: one per BSON comparison class that matters here. */
+enum { TAG_INT = 1, TAG_DOUBLE = 2, TAG_STRING = 3, TAG_OTHER = 4 };
+
+static uint64_t
+hash_tagged (uint32_t tag, const void *p, size_t len)
+{
+   return cqc_hash_bytes (p, len, 0x1d000000ull + tag);
+}
+
+static uint64_t
+hash_int (int64_t v)
+{
+   return hash_tagged (TAG_INT, &v, sizeof v);
+}
+
+cqc_id_kind_t
+cqc_id_hash (const bson_iter_t *iter, uint64_t *hash, bool *identity_ok)
+{
+   bson_type_t t = bson_iter_type (iter);
+   *identity_ok = false;
+
+   switch (t) {
+   case BSON_TYPE_INT32:
+      *identity_ok = true;
+      *hash = hash_int (bson_iter_int32 (iter));
+      return CQC_ID_CELL;
+   case BSON_TYPE_INT64:
+      *identity_ok = true;
+      *hash = hash_int (bson_iter_int64 (iter));
+      return CQC_ID_CELL;
+   case BSON_TYPE_DOUBLE: {
+      double d = bson_iter_double (iter);
+      *identity_ok = true;
+      if (isnan (d)) {
+         *hash = hash_tagged (TAG_DOUBLE, "nan", 3);
+      } else if (d == floor (d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
+         *hash = hash_int ((int64_t) d); /* also folds -0.0 into 0 */
+      } else {
+         *hash = hash_tagged (TAG_DOUBLE, &d, sizeof d);
+      }
+      return CQC_ID_CELL;
+   }
+   case BSON_TYPE_UTF8:
+   case BSON_TYPE_SYMBOL: {
+      uint32_t len = 0;
+      const char *s = t == BSON_TYPE_UTF8 ? bson_iter_utf8 (iter, &len)
+                                          : bson_iter_symbol (iter, &len);
+      *identity_ok = t == BSON_TYPE_UTF8;
+      *hash = hash_tagged (TAG_STRING, s, len);
+      return CQC_ID_CELL;
+   }
+   case BSON_TYPE_DECIMAL128:
+      *hash = 0;
+      return CQC_ID_NS_WIDE;
+   case BSON_TYPE_OID:
+   case BSON_TYPE_BOOL:
+   case BSON_TYPE_DATE_TIME:
+   case BSON_TYPE_BINARY:
+      *identity_ok = true;
+      __attribute__ ((fallthrough)); /* hashed by type and value bytes */
+   default: {
+      /* Hash the type byte and the raw value bytes (libbson's iterator
+       * exposes the value's offset, d1, and the next element's, next_off). */
+      const uint8_t *raw = iter->raw + iter->d1;
+      size_t vlen = iter->next_off > iter->d1 ? iter->next_off - iter->d1 : 0;
+      uint8_t tb = (uint8_t) t;
+      uint64_t h = hash_tagged (TAG_OTHER, &tb, 1);
+      *hash = h ^ cqc_hash_bytes (raw, vlen, h);
+      return CQC_ID_CELL;
+   }
+   }
+}
+
+uint32_t
+cqc_id_cell (uint64_t id_hash, uint32_t ns_idx, uint32_t count)
+{
+   return (uint32_t) fmix64 (id_hash ^ ((uint64_t) ns_idx * 0x9e3779b97f4a7c15ull)) &
+          (count - 1);
+}
+
+bool
+cqc_filter_identity (const uint8_t *filter, size_t len, uint64_t *id_hash)
+{
+   bson_iter_t it;
+   bool ok = false;
+
+   if (!bson_iter_init_from_data (&it, filter, len) || !bson_iter_next (&it)) {
+      return false;
+   }
+   if (strcmp (bson_iter_key (&it), "_id") != 0) {
+      return false;
+   }
+   if (cqc_id_hash (&it, id_hash, &ok) != CQC_ID_CELL || !ok) {
+      return false;
+   }
+   return !bson_iter_next (&it);
+}

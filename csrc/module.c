@@ -1,0 +1,944 @@
+/*
+ * module.c - the CPython module client_query_cache._native.
+ *
+ * Types and functions only: the arena (arena.c), keys (keys.c) and stream
+ * followers (stream.c) hold the logic. One type, Cache, owns an arena in
+ * process-private memory, the writer lock, and one follower per database.
+ *
+ * Cache keys are built here, identically on the fast path (lookup_id, which
+ * encodes {"_id": v} itself for int, str and ObjectId) and the general path
+ * (lookup, which takes the filter as BSON bytes encoded by PyMongo):
+ *
+ *   kind (1 byte) | ns_idx (4) | filter length (4) | filter BSON | rest
+ *
+ * where `rest` is the remainder of the read's shape (projection, options),
+ * already canonical and encoded by the caller.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "arena.h"
+#include "keys.h"
+#include "stream.h"
+
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define KEY_STACK 512
+#define FAST_STR_MAX 256
+
+/* Sentinels returned by lookups, compared by identity in Python. */
+static PyObject *g_miss;      /* no valid entry: read MongoDB and admit */
+static PyObject *g_unhealthy; /* the database's stream does not serve */
+static PyObject *g_fallback;  /* the fast path cannot encode this _id */
+
+/* Bumped in a child after fork(): a Cache from before refuses to work. */
+static volatile uint64_t g_fork_gen;
+
+static void
+on_fork_child (void)
+{
+   g_fork_gen++;
+}
+
+/* ======================================================================== */
+/* The Cache type                                                           */
+/* ======================================================================== */
+
+typedef struct {
+   PyObject_HEAD
+   cqc_arena_t arena;
+   void *mem;
+   size_t mem_len;
+   pthread_mutex_t lock; /* the single writer's lock */
+   cqc_writer_t writer;
+   cqc_stream_t **streams; /* indexed by db_idx */
+   char *uri;              /* NULL: no followers (arena-only use) */
+   int64_t max_await_ms;
+   PyObject *decode;        /* decode(bytes, codec_options) */
+   PyObject *objectid_type; /* bson.objectid.ObjectId */
+   PyObject *forked_error;  /* raised when used after fork() */
+   PyObject *closed_error;  /* raised when used after close() */
+   uint64_t fork_gen;
+   bool closed;
+   /* Process-local counters, changed with the GIL held. */
+   uint64_t hits;
+   uint64_t not_found_hits;
+   uint64_t misses;
+   uint64_t unhealthy;
+} CacheObject;
+
+typedef struct {
+   PyObject *bytes;
+} alloc_ctx_t;
+
+static void *
+alloc_bytes (void *vctx, size_t len)
+{
+   alloc_ctx_t *ctx = vctx;
+   ctx->bytes = PyBytes_FromStringAndSize (NULL, (Py_ssize_t) len);
+   if (!ctx->bytes) {
+      PyErr_Clear ();
+      return NULL;
+   }
+   return PyBytes_AS_STRING (ctx->bytes);
+}
+
+static void
+discard_bytes (void *vctx)
+{
+   alloc_ctx_t *ctx = vctx;
+   Py_CLEAR (ctx->bytes);
+}
+
+static bool
+check_usable (CacheObject *self)
+{
+   if (self->fork_gen != g_fork_gen) {
+      PyErr_SetString (self->forked_error,
+                       "this cache was created before fork(); create a new CacheManager in "
+                       "the child process");
+      return false;
+   }
+   if (self->closed) {
+      PyErr_SetString (self->closed_error, "the cache manager is closed");
+      return false;
+   }
+   return true;
+}
+
+static int
+Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
+{
+   static char *kwlist[] = {"budget_bytes",  "slot_count",   "uri",          "max_await_time_ms",
+                            "decode",        "objectid_type", "closed_error", "forked_error",
+                            NULL};
+   unsigned long long budget;
+   unsigned int slots;
+   const char *uri = NULL;
+   long long await_ms;
+   PyObject *decode, *oid, *closed_error, *forked_error;
+   cqc_geometry_t geo = {0};
+   char err[256];
+   uint64_t need;
+   void *mem;
+
+   if (self->mem) {
+      PyErr_SetString (PyExc_RuntimeError, "Cache is already initialized");
+      return -1;
+   }
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO", kwlist, &budget, &slots, &uri,
+                                     &await_ms, &decode, &oid, &closed_error, &forked_error)) {
+      return -1;
+   }
+   geo.budget_bytes = budget;
+   geo.slot_count = slots;
+   need = cqc_arena_required_bytes (&geo);
+   /* Private anonymous memory: pages are committed only when touched. */
+   mem = mmap (NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+   if (mem == MAP_FAILED) {
+      PyErr_SetFromErrno (PyExc_OSError);
+      return -1;
+   }
+   if (!cqc_arena_format (&self->arena, mem, need, &geo, err, sizeof err)) {
+      munmap (mem, need);
+      PyErr_SetString (PyExc_ValueError, err);
+      return -1;
+   }
+   self->streams = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_t *));
+   if (!self->streams) {
+      munmap (mem, need);
+      PyErr_NoMemory ();
+      return -1;
+   }
+   if (uri) {
+      self->uri = strdup (uri);
+      if (!self->uri) {
+         PyMem_Free (self->streams);
+         self->streams = NULL;
+         munmap (mem, need);
+         PyErr_NoMemory ();
+         return -1;
+      }
+   }
+   self->mem = mem;
+   self->mem_len = need;
+   self->arena.hdr->owner_uid = (uint32_t) getuid ();
+   self->arena.hdr->owner_pid = (uint32_t) getpid ();
+   pthread_mutex_init (&self->lock, NULL);
+   self->writer.arena = &self->arena;
+   self->writer.lock = &self->lock;
+   self->max_await_ms = await_ms;
+   self->fork_gen = g_fork_gen;
+   Py_INCREF (decode);
+   self->decode = decode;
+   Py_INCREF (oid);
+   self->objectid_type = oid;
+   Py_INCREF (closed_error);
+   self->closed_error = closed_error;
+   Py_INCREF (forked_error);
+   self->forked_error = forked_error;
+   return 0;
+}
+
+/* Stop every follower; the GIL is released while threads finish. */
+static void
+stop_streams (CacheObject *self)
+{
+   uint32_t i, n = self->arena.hdr ? self->arena.hdr->geo.db_count : 0;
+   if (!self->streams) {
+      return;
+   }
+   for (i = 0; i < n; i++) {
+      if (self->streams[i]) {
+         cqc_stream_signal_stop (self->streams[i]);
+      }
+   }
+   Py_BEGIN_ALLOW_THREADS
+   for (i = 0; i < n; i++) {
+      cqc_stream_destroy (self->streams[i]);
+      self->streams[i] = NULL;
+   }
+   Py_END_ALLOW_THREADS
+}
+
+static void
+Cache_dealloc (CacheObject *self)
+{
+   bool same_process = self->fork_gen == g_fork_gen;
+   if (self->mem && same_process) {
+      stop_streams (self);
+      pthread_mutex_destroy (&self->lock);
+   }
+   /* In a forked child the threads do not exist and the lock may be held by
+    * one of them in the parent's image: leave both alone. */
+   if (self->mem) {
+      munmap (self->mem, self->mem_len);
+   }
+   PyMem_Free (self->streams);
+   if (self->uri) {
+      memset (self->uri, 0, strlen (self->uri));
+      free (self->uri);
+   }
+   Py_XDECREF (self->decode);
+   Py_XDECREF (self->objectid_type);
+   Py_XDECREF (self->closed_error);
+   Py_XDECREF (self->forked_error);
+   Py_TYPE (self)->tp_free ((PyObject *) self);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Keys                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+   uint8_t stack[KEY_STACK];
+   uint8_t *buf;
+   uint32_t len;
+} key_t_;
+
+static bool
+key_build (key_t_ *k, uint8_t kind, uint32_t ns_idx, const uint8_t *filter, uint32_t flen,
+           const uint8_t *rest, uint32_t rlen)
+{
+   uint64_t total = 9ull + flen + rlen;
+   if (total > 0x7fffffffull) {
+      PyErr_SetString (PyExc_ValueError, "cache key too large");
+      return false;
+   }
+   k->buf = total <= KEY_STACK ? k->stack : PyMem_Malloc (total);
+   if (!k->buf) {
+      PyErr_NoMemory ();
+      return false;
+   }
+   k->buf[0] = kind;
+   memcpy (k->buf + 1, &ns_idx, 4);
+   memcpy (k->buf + 5, &flen, 4);
+   memcpy (k->buf + 9, filter, flen);
+   if (rlen) {
+      memcpy (k->buf + 9 + flen, rest, rlen);
+   }
+   k->len = (uint32_t) total;
+   return true;
+}
+
+static void
+key_free (key_t_ *k)
+{
+   if (k->buf && k->buf != k->stack) {
+      PyMem_Free (k->buf);
+   }
+   k->buf = NULL;
+}
+
+/* Encode {"_id": v} as PyMongo does for int, str and ObjectId. Returns the
+ * BSON length, 0 when this fast path does not apply (no exception set), or
+ * -1 with an exception set. */
+static Py_ssize_t
+encode_id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
+{
+   uint8_t *p = out + 4;
+   int32_t total;
+
+   if (PyLong_CheckExact (v)) {
+      int overflow = 0;
+      long long x = PyLong_AsLongLongAndOverflow (v, &overflow);
+      if (overflow || (x == -1 && PyErr_Occurred ())) {
+         PyErr_Clear ();
+         return 0; /* let PyMongo say what it thinks of this number */
+      }
+      if (x >= INT32_MIN && x <= INT32_MAX) {
+         int32_t x32 = (int32_t) x;
+         *p++ = 0x10;
+         memcpy (p, "_id", 4);
+         p += 4;
+         memcpy (p, &x32, 4);
+         p += 4;
+      } else {
+         int64_t x64 = (int64_t) x;
+         *p++ = 0x12;
+         memcpy (p, "_id", 4);
+         p += 4;
+         memcpy (p, &x64, 8);
+         p += 8;
+      }
+   } else if (PyUnicode_CheckExact (v)) {
+      Py_ssize_t n;
+      const char *s = PyUnicode_AsUTF8AndSize (v, &n);
+      int32_t slen;
+      if (!s) {
+         PyErr_Clear ();
+         return 0;
+      }
+      if ((size_t) n + 32 > cap || memchr (s, '\0', (size_t) n)) {
+         return 0;
+      }
+      slen = (int32_t) n + 1;
+      *p++ = 0x02;
+      memcpy (p, "_id", 4);
+      p += 4;
+      memcpy (p, &slen, 4);
+      p += 4;
+      memcpy (p, s, (size_t) n + 1);
+      p += n + 1;
+   } else if (Py_TYPE (v) == (PyTypeObject *) self->objectid_type) {
+      PyObject *bin = PyObject_GetAttrString (v, "binary");
+      if (!bin) {
+         return -1;
+      }
+      if (!PyBytes_Check (bin) || PyBytes_GET_SIZE (bin) != 12) {
+         Py_DECREF (bin);
+         return 0;
+      }
+      *p++ = 0x07;
+      memcpy (p, "_id", 4);
+      p += 4;
+      memcpy (p, PyBytes_AS_STRING (bin), 12);
+      p += 12;
+      Py_DECREF (bin);
+   } else {
+      return 0;
+   }
+   *p++ = 0;
+   total = (int32_t) (p - out);
+   memcpy (out, &total, 4);
+   return total;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lookups                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Look up a built key; returns a new reference (document, None, or a
+ * sentinel) or NULL with an exception. */
+static PyObject *
+lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k,
+            PyObject *codec_options)
+{
+   alloc_ctx_t ctx = {NULL};
+   bool stalled;
+   cqc_lookup_t r;
+   PyObject *args[2];
+   PyObject *doc;
+
+   if (cqc_arena_r_db_state (&self->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
+      self->unhealthy++;
+      Py_INCREF (g_unhealthy);
+      return g_unhealthy;
+   }
+   r = cqc_arena_r_lookup (&self->arena, ns_idx, cqc_hash_bytes (k->buf, k->len, 0), k->buf,
+                           k->len, alloc_bytes, discard_bytes, &ctx);
+   if (r == CQC_LOOKUP_MISS) {
+      self->misses++;
+      Py_INCREF (g_miss);
+      return g_miss;
+   }
+   self->hits++;
+   if (r == CQC_LOOKUP_NOT_FOUND) {
+      self->not_found_hits++;
+      Py_RETURN_NONE;
+   }
+   args[0] = ctx.bytes;
+   args[1] = codec_options;
+   doc = PyObject_Vectorcall (self->decode, args, 2, NULL);
+   Py_DECREF (ctx.bytes);
+   return doc;
+}
+
+static bool
+parse_idx (PyObject *o, uint32_t *out, uint32_t limit, const char *what)
+{
+   unsigned long v = PyLong_AsUnsignedLong (o);
+   if (v == (unsigned long) -1 && PyErr_Occurred ()) {
+      return false;
+   }
+   if (v >= limit) {
+      PyErr_Format (PyExc_ValueError, "%s out of range", what);
+      return false;
+   }
+   *out = (uint32_t) v;
+   return true;
+}
+
+/* lookup_id(ns_idx, db_idx, id_value, codec_options) */
+static PyObject *
+Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint8_t filter[FAST_STR_MAX + 32];
+   uint32_t ns_idx, db_idx;
+   Py_ssize_t flen;
+   key_t_ k;
+   PyObject *res;
+
+   if (nargs != 4) {
+      PyErr_SetString (PyExc_TypeError, "lookup_id takes 4 arguments");
+      return NULL;
+   }
+   if (!check_usable (self) ||
+       !parse_idx (args[0], &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx") ||
+       !parse_idx (args[1], &db_idx, self->arena.hdr->geo.db_count, "db_idx")) {
+      return NULL;
+   }
+   flen = encode_id_filter (self, args[2], filter, sizeof filter);
+   if (flen < 0) {
+      return NULL;
+   }
+   if (flen == 0) {
+      Py_INCREF (g_fallback);
+      return g_fallback;
+   }
+   if (!key_build (&k, 1, ns_idx, filter, (uint32_t) flen, NULL, 0)) {
+      return NULL;
+   }
+   res = lookup_key (self, ns_idx, db_idx, &k, args[3]);
+   key_free (&k);
+   return res;
+}
+
+static bool
+get_buffer (PyObject *o, Py_buffer *view, const char *what)
+{
+   if (PyObject_GetBuffer (o, view, PyBUF_SIMPLE) != 0) {
+      return false;
+   }
+   if (view->len > 0x7fffffff) {
+      PyBuffer_Release (view);
+      PyErr_Format (PyExc_ValueError, "%s too large", what);
+      return false;
+   }
+   return true;
+}
+
+/* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options) */
+static PyObject *
+Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t ns_idx, db_idx, kind;
+   Py_buffer fb = {0}, rb = {0};
+   key_t_ k = {.buf = NULL};
+   PyObject *res = NULL;
+
+   if (nargs != 6) {
+      PyErr_SetString (PyExc_TypeError, "lookup takes 6 arguments");
+      return NULL;
+   }
+   if (!check_usable (self) ||
+       !parse_idx (args[0], &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx") ||
+       !parse_idx (args[1], &db_idx, self->arena.hdr->geo.db_count, "db_idx") ||
+       !parse_idx (args[2], &kind, 256, "kind")) {
+      return NULL;
+   }
+   if (!get_buffer (args[3], &fb, "filter")) {
+      goto cleanup;
+   }
+   if (!get_buffer (args[4], &rb, "rest")) {
+      goto cleanup;
+   }
+   if (!key_build (&k, (uint8_t) kind, ns_idx, fb.buf, (uint32_t) fb.len, rb.buf,
+                   (uint32_t) rb.len)) {
+      goto cleanup;
+   }
+   res = lookup_key (self, ns_idx, db_idx, &k, args[5]);
+cleanup:
+   key_free (&k);
+   if (fb.obj) {
+      PyBuffer_Release (&fb);
+   }
+   if (rb.obj) {
+      PyBuffer_Release (&rb);
+   }
+   return res;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Capture and admission                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* capture(ns_idx, filter_bson) -> token bytes, or None if the stream does
+ * not serve (the caller then bypasses). */
+static PyObject *
+Cache_capture (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t ns_idx, cell = CQC_NO_CELL;
+   Py_buffer fb = {0};
+   uint64_t id_hash;
+   cqc_token_t tok;
+
+   if (nargs != 2) {
+      PyErr_SetString (PyExc_TypeError, "capture takes 2 arguments");
+      return NULL;
+   }
+   if (!check_usable (self) ||
+       !parse_idx (args[0], &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx") ||
+       !get_buffer (args[1], &fb, "filter")) {
+      return NULL;
+   }
+   if (cqc_filter_identity (fb.buf, (size_t) fb.len, &id_hash)) {
+      cell = cqc_id_cell (id_hash, ns_idx, self->arena.hdr->geo.idgen_count);
+   }
+   PyBuffer_Release (&fb);
+   cqc_arena_r_capture (&self->arena, ns_idx, cell, &tok);
+   if (!tok.healthy) {
+      Py_RETURN_NONE;
+   }
+   return PyBytes_FromStringAndSize ((const char *) &tok, sizeof tok);
+}
+
+/* admit(token, kind, filter_bson, rest, value_or_None) -> result code */
+static PyObject *
+Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t kind;
+   Py_buffer tb = {0}, fb = {0}, rb = {0}, vb = {0};
+   key_t_ k = {.buf = NULL};
+   cqc_token_t tok;
+   cqc_admit_t r;
+   uint64_t id_hash;
+   bool identity;
+   PyObject *res = NULL;
+
+   if (nargs != 5) {
+      PyErr_SetString (PyExc_TypeError, "admit takes 5 arguments");
+      return NULL;
+   }
+   if (!check_usable (self) || !parse_idx (args[1], &kind, 256, "kind")) {
+      return NULL;
+   }
+   if (!get_buffer (args[0], &tb, "token") || !get_buffer (args[2], &fb, "filter") ||
+       !get_buffer (args[3], &rb, "rest")) {
+      goto cleanup;
+   }
+   if (args[4] != Py_None && !get_buffer (args[4], &vb, "value")) {
+      goto cleanup;
+   }
+   if (tb.len != (Py_ssize_t) sizeof tok) {
+      PyErr_SetString (PyExc_ValueError, "invalid token");
+      goto cleanup;
+   }
+   memcpy (&tok, tb.buf, sizeof tok);
+   if (tok.ns_idx >= self->arena.hdr->geo.ns_count) {
+      PyErr_SetString (PyExc_ValueError, "invalid token");
+      goto cleanup;
+   }
+   /* The token's identity cell must be the one this filter maps to. */
+   identity = cqc_filter_identity (fb.buf, (size_t) fb.len, &id_hash);
+   if ((identity ? cqc_id_cell (id_hash, tok.ns_idx, self->arena.hdr->geo.idgen_count)
+                 : CQC_NO_CELL) != tok.id_cell) {
+      PyErr_SetString (PyExc_ValueError, "token does not match the filter");
+      goto cleanup;
+   }
+   if (!key_build (&k, (uint8_t) kind, tok.ns_idx, fb.buf, (uint32_t) fb.len, rb.buf,
+                   (uint32_t) rb.len)) {
+      goto cleanup;
+   }
+   pthread_mutex_lock (&self->lock);
+   r = cqc_arena_w_admit (&self->arena, &tok, cqc_hash_bytes (k.buf, k.len, 0), k.buf, k.len,
+                          vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0,
+                          vb.obj ? 0 : CQC_ENTRY_NOT_FOUND);
+   pthread_mutex_unlock (&self->lock);
+   res = PyLong_FromLong ((long) r);
+cleanup:
+   key_free (&k);
+   if (tb.obj) {
+      PyBuffer_Release (&tb);
+   }
+   if (fb.obj) {
+      PyBuffer_Release (&fb);
+   }
+   if (rb.obj) {
+      PyBuffer_Release (&rb);
+   }
+   if (vb.obj) {
+      PyBuffer_Release (&vb);
+   }
+   return res;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Registration, state, statistics                                          */
+/* ------------------------------------------------------------------------ */
+
+/* register(db, coll) -> (ns_idx, db_idx); starts the db's follower. */
+static PyObject *
+Cache_register (CacheObject *self, PyObject *args)
+{
+   const char *db, *coll;
+   Py_ssize_t db_len, coll_len;
+   uint32_t ns_idx, db_idx;
+   char err[256];
+   bool ok;
+
+   if (!PyArg_ParseTuple (args, "s#s#", &db, &db_len, &coll, &coll_len)) {
+      return NULL;
+   }
+   if (!check_usable (self)) {
+      return NULL;
+   }
+   pthread_mutex_lock (&self->lock);
+   ok = cqc_arena_w_ns_register (&self->arena, db, (size_t) db_len, coll, (size_t) coll_len,
+                                 &ns_idx, err, sizeof err);
+   if (ok) {
+      db_idx = self->arena.nss[ns_idx].db_idx;
+   }
+   pthread_mutex_unlock (&self->lock);
+   if (!ok) {
+      PyErr_SetString (PyExc_ValueError, err);
+      return NULL;
+   }
+   if (self->uri && !self->streams[db_idx]) {
+      self->streams[db_idx] =
+         cqc_stream_start (&self->writer, db_idx, self->arena.dbs[db_idx].name, self->uri,
+                           self->max_await_ms, err, sizeof err);
+      if (!self->streams[db_idx]) {
+         PyErr_SetString (PyExc_RuntimeError, err);
+         return NULL;
+      }
+   }
+   return Py_BuildValue ("(II)", ns_idx, db_idx);
+}
+
+/* db_state(db_idx) -> (state, stalled) as readers see it. */
+static PyObject *
+Cache_db_state (CacheObject *self, PyObject *arg)
+{
+   uint32_t db_idx;
+   bool stalled;
+   cqc_stream_state_t st;
+   if (!check_usable (self) || !parse_idx (arg, &db_idx, self->arena.hdr->geo.db_count, "db_idx")) {
+      return NULL;
+   }
+   st = cqc_arena_r_db_state (&self->arena, db_idx, &stalled);
+   return Py_BuildValue ("(iO)", (int) st, stalled ? Py_True : Py_False);
+}
+
+/* ns_epoch(ns_idx) -> (epoch, db incarnation): what a collection probe's
+ * verdict is valid for. */
+static PyObject *
+Cache_ns_epoch (CacheObject *self, PyObject *arg)
+{
+   uint32_t ns_idx, db_idx;
+   unsigned long long epoch;
+   unsigned int inc = 0;
+   if (!check_usable (self) || !parse_idx (arg, &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx")) {
+      return NULL;
+   }
+   epoch = __atomic_load_n (&self->arena.nss[ns_idx].epoch, __ATOMIC_ACQUIRE);
+   db_idx = self->arena.nss[ns_idx].db_idx;
+   if (db_idx < self->arena.hdr->geo.db_count) {
+      inc = __atomic_load_n (&self->arena.dbs[db_idx].incarnation, __ATOMIC_ACQUIRE);
+   }
+   return Py_BuildValue ("(KI)", epoch, inc);
+}
+
+#define SET_U64(d, name, v)                                     \
+   do {                                                         \
+      PyObject *o_ = PyLong_FromUnsignedLongLong (v);           \
+      if (!o_ || PyDict_SetItemString (d, name, o_) < 0) {      \
+         Py_XDECREF (o_);                                       \
+         Py_DECREF (d);                                         \
+         return NULL;                                           \
+      }                                                         \
+      Py_DECREF (o_);                                           \
+   } while (0)
+
+static PyObject *
+Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
+{
+   cqc_arena_header_t h;
+   PyObject *d;
+
+   if (self->fork_gen != g_fork_gen) {
+      (void) check_usable (self);
+      return NULL;
+   }
+   pthread_mutex_lock (&self->lock);
+   memcpy (&h, self->arena.hdr, sizeof h);
+   pthread_mutex_unlock (&self->lock);
+   d = PyDict_New ();
+   if (!d) {
+      return NULL;
+   }
+   SET_U64 (d, "hits", self->hits);
+   SET_U64 (d, "not_found_hits", self->not_found_hits);
+   SET_U64 (d, "misses", self->misses);
+   SET_U64 (d, "unhealthy_lookups", self->unhealthy);
+   SET_U64 (d, "admissions", h.admissions);
+   SET_U64 (d, "rejected_stale", h.rejected_stale);
+   SET_U64 (d, "rejected_unhealthy", h.rejected_health);
+   SET_U64 (d, "rejected_too_large", h.rejected_size);
+   SET_U64 (d, "rejected_no_slot", h.rejected_probe);
+   SET_U64 (d, "evictions", h.evictions);
+   SET_U64 (d, "invalidations", h.invalidations);
+   SET_U64 (d, "used_bytes", h.used_bytes);
+   SET_U64 (d, "budget_bytes", h.geo.budget_bytes);
+   SET_U64 (d, "entries", h.entries);
+   SET_U64 (d, "slot_count", h.geo.slot_count);
+   SET_U64 (d, "arena_bytes", h.arena_bytes);
+   return d;
+}
+
+static const char *
+state_name (cqc_stream_state_t st)
+{
+   switch (st) {
+   case CQC_STREAM_NOT_STARTED:
+      return "not_started";
+   case CQC_STREAM_CONNECTING:
+      return "connecting";
+   case CQC_STREAM_HEALTHY:
+      return "healthy";
+   case CQC_STREAM_RECONNECTING:
+      return "reconnecting";
+   case CQC_STREAM_FAILED:
+      return "failed";
+   case CQC_STREAM_CLOSED:
+   default:
+      return "closed";
+   }
+}
+
+/* streams() -> list of dicts, one per registered database. */
+static PyObject *
+Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
+{
+   PyObject *list;
+   uint32_t i;
+
+   if (self->fork_gen != g_fork_gen) {
+      (void) check_usable (self);
+      return NULL;
+   }
+   list = PyList_New (0);
+   if (!list) {
+      return NULL;
+   }
+   for (i = 0; i < self->arena.hdr->geo.db_count && self->arena.dbs[i].used; i++) {
+      cqc_stream_info_t info = {.state = CQC_STREAM_NOT_STARTED};
+      bool stalled = false;
+      cqc_stream_state_t seen = cqc_arena_r_db_state (&self->arena, i, &stalled);
+      PyObject *d;
+      if (self->streams && self->streams[i]) {
+         cqc_stream_get_info (self->streams[i], &info);
+      } else if (self->closed) {
+         info.state = CQC_STREAM_CLOSED;
+      }
+      d = Py_BuildValue ("{s:s,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s}", "database",
+                         self->arena.dbs[i].name, "db_idx", i, "state", state_name (info.state),
+                         "stalled", (stalled && seen != CQC_STREAM_HEALTHY) ? Py_True : Py_False,
+                         "events", (unsigned long long) info.events, "reconnects",
+                         (unsigned long long) info.reconnects, "history_lost",
+                         (unsigned long long) info.history_lost, "incarnation",
+                         self->arena.dbs[i].incarnation, "last_error", info.last_error);
+      if (!d || PyList_Append (list, d) < 0) {
+         Py_XDECREF (d);
+         Py_DECREF (list);
+         return NULL;
+      }
+      Py_DECREF (d);
+   }
+   return list;
+}
+
+/* check(): raise if this cache may not be used (closed, or forked). */
+static PyObject *
+Cache_check (CacheObject *self, PyObject *Py_UNUSED (ignored))
+{
+   if (!check_usable (self)) {
+      return NULL;
+   }
+   Py_RETURN_NONE;
+}
+
+static PyObject *
+Cache_close (CacheObject *self, PyObject *Py_UNUSED (ignored))
+{
+   if (self->fork_gen != g_fork_gen) {
+      self->closed = true; /* nothing of the parent's threads exists here */
+      Py_RETURN_NONE;
+   }
+   if (!self->closed) {
+      self->closed = true;
+      stop_streams (self);
+   }
+   Py_RETURN_NONE;
+}
+
+static PyObject *
+Cache_closed (CacheObject *self, void *Py_UNUSED (closure))
+{
+   return PyBool_FromLong (self->closed);
+}
+
+static PyMethodDef Cache_methods[] = {
+   {"lookup_id", (PyCFunction) (void (*) (void)) Cache_lookup_id, METH_FASTCALL,
+    "lookup_id(ns_idx, db_idx, id, codec_options): fast identity lookup."},
+   {"lookup", (PyCFunction) (void (*) (void)) Cache_lookup, METH_FASTCALL,
+    "lookup(ns_idx, db_idx, kind, filter, rest, codec_options)."},
+   {"capture", (PyCFunction) (void (*) (void)) Cache_capture, METH_FASTCALL,
+    "capture(ns_idx, filter) -> token bytes or None if the stream does not serve."},
+   {"admit", (PyCFunction) (void (*) (void)) Cache_admit, METH_FASTCALL,
+    "admit(token, kind, filter, rest, value_or_None) -> result code."},
+   {"register", (PyCFunction) Cache_register, METH_VARARGS,
+    "register(db, coll) -> (ns_idx, db_idx)."},
+   {"db_state", (PyCFunction) Cache_db_state, METH_O, "db_state(db_idx) -> (state, stalled)."},
+   {"ns_epoch", (PyCFunction) Cache_ns_epoch, METH_O, "ns_epoch(ns_idx) -> (epoch, incarnation)."},
+   {"stats", (PyCFunction) Cache_stats, METH_NOARGS, "Arena and lookup counters."},
+   {"streams", (PyCFunction) Cache_streams, METH_NOARGS, "Change-stream followers."},
+   {"close", (PyCFunction) Cache_close, METH_NOARGS, "Stop the followers."},
+   {"check", (PyCFunction) Cache_check, METH_NOARGS, "Raise if closed or used after fork."},
+   {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Cache_getset[] = {
+   {"closed", (getter) Cache_closed, NULL, "Whether close() was called.", NULL},
+   {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CacheType = {
+   PyVarObject_HEAD_INIT (NULL, 0).tp_name = "client_query_cache._native.Cache",
+   .tp_basicsize = sizeof (CacheObject),
+   .tp_flags = Py_TPFLAGS_DEFAULT,
+   .tp_doc = "A cache arena with its writer and change-stream followers.",
+   .tp_new = PyType_GenericNew,
+   .tp_init = (initproc) Cache_init,
+   .tp_dealloc = (destructor) Cache_dealloc,
+   .tp_methods = Cache_methods,
+   .tp_getset = Cache_getset,
+};
+
+/* ======================================================================== */
+/* Module                                                                   */
+/* ======================================================================== */
+
+/* id_cell_of(filter_bson, ns_idx, count) -> cell or None: exposes the
+ * canonical identity hashing for tests. */
+static PyObject *
+mod_identity_hash (PyObject *Py_UNUSED (m), PyObject *arg)
+{
+   Py_buffer b;
+   uint64_t h;
+   bool ok;
+   if (PyObject_GetBuffer (arg, &b, PyBUF_SIMPLE) != 0) {
+      return NULL;
+   }
+   ok = cqc_filter_identity (b.buf, (size_t) b.len, &h);
+   PyBuffer_Release (&b);
+   if (!ok) {
+      Py_RETURN_NONE;
+   }
+   return PyLong_FromUnsignedLongLong (h);
+}
+
+static PyMethodDef module_methods[] = {
+   {"identity_hash", mod_identity_hash, METH_O,
+    "identity_hash(filter_bson) -> canonical _id hash, or None if not an identity filter."},
+   {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+   PyModuleDef_HEAD_INIT, "client_query_cache._native",
+   "C core of client-query-cache: arena, keys and change-stream followers.", -1,
+   module_methods, NULL, NULL, NULL, NULL,
+};
+
+static void
+quiet_log (mongoc_log_level_t level, const char *domain, const char *message, void *data)
+{
+   (void) level;
+   (void) domain;
+   (void) message;
+   (void) data;
+}
+
+static PyObject *
+make_sentinel (const char *name)
+{
+   return PyUnicode_FromFormat ("<cache %s>", name);
+}
+
+PyMODINIT_FUNC
+PyInit__native (void)
+{
+   PyObject *m;
+   static bool initialized;
+
+   if (PyType_Ready (&CacheType) < 0) {
+      return NULL;
+   }
+   m = PyModule_Create (&moduledef);
+   if (!m) {
+      return NULL;
+   }
+   if (!initialized) {
+      mongoc_init ();
+      mongoc_log_set_handler (quiet_log, NULL);
+      pthread_atfork (NULL, NULL, on_fork_child);
+      initialized = true;
+   }
+   g_miss = make_sentinel ("miss");
+   g_unhealthy = make_sentinel ("unhealthy");
+   g_fallback = make_sentinel ("fallback");
+   if (!g_miss || !g_unhealthy || !g_fallback) {
+      Py_DECREF (m);
+      return NULL;
+   }
+   Py_INCREF (&CacheType);
+   if (PyModule_AddObject (m, "Cache", (PyObject *) &CacheType) < 0 ||
+       PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
+       PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
+       PyModule_AddObjectRef (m, "FALLBACK", g_fallback) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_OK", CQC_ADMIT_OK) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_STALE", CQC_ADMIT_STALE) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_UNHEALTHY", CQC_ADMIT_UNHEALTHY) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_TOO_LARGE", CQC_ADMIT_TOO_LARGE) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_NO_SLOT", CQC_ADMIT_NO_SLOT) < 0 ||
+       PyModule_AddIntConstant (m, "LAYOUT_VERSION", CQC_LAYOUT_VERSION) < 0 ||
+       PyModule_AddIntConstant (m, "STATE_HEALTHY", CQC_STREAM_HEALTHY) < 0) {
+      Py_DECREF (m);
+      return NULL;
+   }
+   return m;
+}

@@ -1,0 +1,561 @@
+/*
+ * stream.c - see stream.h.
+ */
+#include "stream.h"
+#include "keys.h"
+
+#include <errno.h>
+#include <mongoc/mongoc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Server error codes that mean the stream's history is gone. */
+#define ERR_CAPPED_POSITION_LOST 136
+#define ERR_CHANGE_STREAM_FATAL 280
+#define ERR_CHANGE_STREAM_HISTORY_LOST 286
+
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 2000
+#define BACKOFF_FAILED_MS 10000
+
+struct cqc_stream {
+   cqc_writer_t w;
+   uint32_t db_idx;
+   char *db_name;
+   char *uri;
+   int64_t max_await_ms;
+
+   pthread_t thread;
+   bool thread_started;
+   pthread_mutex_t mu; /* guards everything below */
+   pthread_cond_t cv;
+   bool stop;
+   cqc_stream_state_t state;
+   uint64_t events;
+   uint64_t reconnects;
+   uint64_t history_lost;
+   char last_error[256];
+};
+
+/* Per-connection state of the follower thread (not shared). */
+typedef struct {
+   bson_t *token;      /* last resume token, owned */
+   bool start_after;   /* token came from an invalidate event */
+   uint32_t open_t;    /* cluster time read before opening: seconds */
+   uint32_t open_i;    /* and increment */
+   bool have_open_time;
+   bool caught_up;
+   bool ever_healthy;  /* entries can exist only once HEALTHY was published */
+} follow_t;
+
+/* ======================================================================== */
+/* Small helpers                                                            */
+/* ======================================================================== */
+
+static bool
+should_stop (cqc_stream_t *s)
+{
+   bool v;
+   pthread_mutex_lock (&s->mu);
+   v = s->stop;
+   pthread_mutex_unlock (&s->mu);
+   return v;
+}
+
+/* Sleep up to ms, waking early when asked to stop. */
+static void
+sleep_unless_stopped (cqc_stream_t *s, int64_t ms)
+{
+   struct timespec ts;
+   clock_gettime (CLOCK_REALTIME, &ts);
+   ts.tv_sec += ms / 1000;
+   ts.tv_nsec += (ms % 1000) * 1000000L;
+   if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+   }
+   pthread_mutex_lock (&s->mu);
+   while (!s->stop) {
+      if (pthread_cond_timedwait (&s->cv, &s->mu, &ts) == ETIMEDOUT) {
+         break;
+      }
+   }
+   pthread_mutex_unlock (&s->mu);
+}
+
+/* Publish a state to the arena (for readers) and to the info block. */
+static void
+set_state (cqc_stream_t *s, cqc_stream_state_t st)
+{
+   pthread_mutex_lock (s->w.lock);
+   cqc_arena_w_set_health (s->w.arena, s->db_idx, st);
+   pthread_mutex_unlock (s->w.lock);
+   pthread_mutex_lock (&s->mu);
+   s->state = st;
+   pthread_mutex_unlock (&s->mu);
+}
+
+static void
+set_error (cqc_stream_t *s, const bson_error_t *e)
+{
+   pthread_mutex_lock (&s->mu);
+   int n = snprintf (s->last_error, sizeof s->last_error, "%u.%u: ", e->domain, e->code);
+   if (n > 0 && (size_t) n < sizeof s->last_error) {
+      bson_strncpy (s->last_error + n, e->message, sizeof s->last_error - (size_t) n);
+   }
+   pthread_mutex_unlock (&s->mu);
+}
+
+/* Drop every entry of the database: its history has a gap. */
+static void
+drop_database_entries (cqc_stream_t *s, bool history_lost)
+{
+   pthread_mutex_lock (s->w.lock);
+   cqc_arena_w_invalidate_db (s->w.arena, s->db_idx);
+   if (history_lost) {
+      s->w.arena->dbs[s->db_idx].history_lost++;
+   }
+   pthread_mutex_unlock (s->w.lock);
+   if (history_lost) {
+      pthread_mutex_lock (&s->mu);
+      s->history_lost++;
+      pthread_mutex_unlock (&s->mu);
+   }
+}
+
+static bool
+ts_at_or_after (uint32_t t, uint32_t i, uint32_t ref_t, uint32_t ref_i)
+{
+   return t > ref_t || (t == ref_t && i >= ref_i);
+}
+
+/* ======================================================================== */
+/* Applying events                                                          */
+/* ======================================================================== */
+
+static bool
+get_ns (const bson_t *doc, const char *field, const char **db, uint32_t *db_len,
+        const char **coll, uint32_t *coll_len)
+{
+   bson_iter_t it, child;
+   char path[32];
+
+   *db = *coll = NULL;
+   *db_len = *coll_len = 0;
+   snprintf (path, sizeof path, "%s.db", field);
+   if (bson_iter_init (&it, doc) && bson_iter_find_descendant (&it, path, &child) &&
+       BSON_ITER_HOLDS_UTF8 (&child)) {
+      *db = bson_iter_utf8 (&child, db_len);
+   }
+   snprintf (path, sizeof path, "%s.coll", field);
+   if (bson_iter_init (&it, doc) && bson_iter_find_descendant (&it, path, &child) &&
+       BSON_ITER_HOLDS_UTF8 (&child)) {
+      *coll = bson_iter_utf8 (&child, coll_len);
+   }
+   return *db != NULL;
+}
+
+/* Invalidate a namespace if it is registered (an unregistered one holds no
+ * entries: registration precedes every capture). */
+static void
+invalidate_ns_named_w (cqc_arena_t *a, const char *db, uint32_t db_len, const char *coll,
+                       uint32_t coll_len)
+{
+   uint32_t ns_idx;
+   if (db && coll && cqc_arena_w_ns_lookup (a, db, db_len, coll, coll_len, &ns_idx)) {
+      cqc_arena_w_invalidate_ns (a, ns_idx);
+   }
+}
+
+/* Apply one change event. Returns true if the stream was invalidated and
+ * must be reopened. Called without the writer lock. */
+static bool
+apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
+{
+   cqc_arena_t *a = s->w.arena;
+   bson_iter_t it, child;
+   const char *op = "";
+   const char *db, *coll, *to_db, *to_coll;
+   uint32_t db_len, coll_len, to_db_len, to_coll_len, ns_idx;
+   bool invalidated = false;
+
+   if (bson_iter_init_find (&it, doc, "operationType") && BSON_ITER_HOLDS_UTF8 (&it)) {
+      op = bson_iter_utf8 (&it, NULL);
+   }
+   get_ns (doc, "ns", &db, &db_len, &coll, &coll_len);
+   if (bson_iter_init_find (&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP (&it) &&
+       f->have_open_time) {
+      uint32_t t, i;
+      bson_iter_timestamp (&it, &t, &i);
+      if (ts_at_or_after (t, i, f->open_t, f->open_i)) {
+         f->caught_up = true;
+      }
+   }
+
+   pthread_mutex_lock (s->w.lock);
+   if (!strcmp (op, "insert") || !strcmp (op, "update") || !strcmp (op, "replace") ||
+       !strcmp (op, "delete")) {
+      if (db && coll && cqc_arena_w_ns_lookup (a, db, db_len, coll, coll_len, &ns_idx)) {
+         uint64_t h;
+         bool ok;
+         if (bson_iter_init (&it, doc) &&
+             bson_iter_find_descendant (&it, "documentKey._id", &child) &&
+             cqc_id_hash (&child, &h, &ok) == CQC_ID_CELL) {
+            cqc_arena_w_invalidate_id (a, ns_idx, cqc_id_cell (h, ns_idx, a->hdr->geo.idgen_count));
+         } else {
+            cqc_arena_w_invalidate_ns (a, ns_idx);
+         }
+      }
+   } else if (!strcmp (op, "drop")) {
+      invalidate_ns_named_w (a, db, db_len, coll, coll_len);
+   } else if (!strcmp (op, "rename")) {
+      invalidate_ns_named_w (a, db, db_len, coll, coll_len);
+      get_ns (doc, "to", &to_db, &to_db_len, &to_coll, &to_coll_len);
+      if (to_db && to_coll) {
+         invalidate_ns_named_w (a, to_db, to_db_len, to_coll, to_coll_len);
+      } else {
+         cqc_arena_w_invalidate_db (a, s->db_idx);
+      }
+   } else if (!strcmp (op, "dropDatabase")) {
+      cqc_arena_w_invalidate_db (a, s->db_idx);
+   } else if (!strcmp (op, "invalidate")) {
+      cqc_arena_w_invalidate_db (a, s->db_idx);
+      invalidated = true;
+   } else if (db && coll) {
+      /* create, modify, createIndexes, dropIndexes, shardCollection and any
+       * event type this version does not know: drop the namespace. */
+      invalidate_ns_named_w (a, db, db_len, coll, coll_len);
+   } else {
+      cqc_arena_w_invalidate_db (a, s->db_idx);
+   }
+   a->dbs[s->db_idx].events++;
+   cqc_arena_w_progress (a, s->db_idx);
+   pthread_mutex_unlock (s->w.lock);
+
+   pthread_mutex_lock (&s->mu);
+   s->events++;
+   pthread_mutex_unlock (&s->mu);
+   return invalidated;
+}
+
+/* ======================================================================== */
+/* The follower thread                                                      */
+/* ======================================================================== */
+
+static mongoc_client_t *
+make_client (cqc_stream_t *s, bson_error_t *error)
+{
+   mongoc_uri_t *uri = mongoc_uri_new_with_error (s->uri, error);
+   mongoc_client_t *client = NULL;
+   int32_t socket_ms = (int32_t) (s->max_await_ms + 10000);
+
+   if (!uri) {
+      goto cleanup;
+   }
+   mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, 5000);
+   mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_CONNECTTIMEOUTMS, 5000);
+   mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_SOCKETTIMEOUTMS, socket_ms);
+   if (!mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_APPNAME, NULL)) {
+      mongoc_uri_set_appname (uri, "client-query-cache-stream");
+   }
+   client = mongoc_client_new_from_uri_with_error (uri, error);
+   if (client) {
+      mongoc_client_set_error_api (client, MONGOC_ERROR_API_VERSION_2);
+   }
+cleanup:
+   mongoc_uri_destroy (uri);
+   return client;
+}
+
+/* Read the deployment's cluster time, so the stream knows when it has caught
+ * up with everything that happened before it was opened. */
+static void
+read_open_time (mongoc_client_t *client, follow_t *f)
+{
+   bson_t cmd = BSON_INITIALIZER;
+   bson_t reply;
+   bson_iter_t it;
+
+   f->have_open_time = false;
+   BSON_APPEND_INT32 (&cmd, "ping", 1);
+   if (mongoc_client_command_simple (client, "admin", &cmd, NULL, &reply, NULL)) {
+      if (bson_iter_init_find (&it, &reply, "operationTime") && BSON_ITER_HOLDS_TIMESTAMP (&it)) {
+         bson_iter_timestamp (&it, &f->open_t, &f->open_i);
+         f->have_open_time = true;
+      }
+   }
+   bson_destroy (&reply);
+   bson_destroy (&cmd);
+}
+
+static bool
+is_network_error (const bson_error_t *e)
+{
+   return e->domain == MONGOC_ERROR_STREAM || e->domain == MONGOC_ERROR_SERVER_SELECTION ||
+          e->domain == MONGOC_ERROR_CLIENT || e->domain == MONGOC_ERROR_PROTOCOL;
+}
+
+static bool
+is_history_lost (const bson_error_t *e)
+{
+   return e->code == ERR_CHANGE_STREAM_HISTORY_LOST || e->code == ERR_CHANGE_STREAM_FATAL ||
+          e->code == ERR_CAPPED_POSITION_LOST;
+}
+
+/* Decide what an error means. Returns the backoff in ms before retrying. */
+static int64_t
+handle_error (cqc_stream_t *s, follow_t *f, const bson_error_t *e, int64_t *backoff)
+{
+   set_error (s, e);
+   pthread_mutex_lock (&s->mu);
+   s->reconnects++;
+   pthread_mutex_unlock (&s->mu);
+   pthread_mutex_lock (s->w.lock);
+   s->w.arena->dbs[s->db_idx].reconnects++;
+   pthread_mutex_unlock (s->w.lock);
+
+   if (is_network_error (e) && !is_history_lost (e)) {
+      set_state (s, CQC_STREAM_RECONNECTING);
+      *backoff = *backoff ? (*backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : *backoff * 2)
+                          : BACKOFF_MIN_MS;
+      return *backoff;
+   }
+   if (f->token || is_history_lost (e)) {
+      /* A resume the server refused: whatever happened in the gap is
+       * unknown. Drop the database's entries and start afresh. */
+      drop_database_entries (s, true);
+      bson_destroy (f->token);
+      f->token = NULL;
+      f->start_after = false;
+      set_state (s, CQC_STREAM_RECONNECTING);
+      *backoff = BACKOFF_MIN_MS;
+      return *backoff;
+   }
+   /* The server refuses the stream itself (no change streams, no rights). */
+   set_state (s, CQC_STREAM_FAILED);
+   *backoff = BACKOFF_FAILED_MS;
+   return *backoff;
+}
+
+static void
+save_token (follow_t *f, const bson_t *token, bool start_after)
+{
+   if (!token) {
+      return;
+   }
+   bson_destroy (f->token);
+   f->token = bson_copy (token);
+   f->start_after = start_after;
+}
+
+/* Follow one opened stream until it errors, is invalidated or we stop.
+ * Returns false with *error set on error. */
+static bool
+follow (cqc_stream_t *s, follow_t *f, mongoc_change_stream_t *cs, bson_error_t *error,
+        int64_t *backoff)
+{
+   const bson_t *doc;
+   const bson_t *reply = NULL;
+   bool healthy = false;
+
+   while (!should_stop (s)) {
+      while (mongoc_change_stream_next (cs, &doc)) {
+         bson_iter_t it;
+         bool invalidated = apply_event (s, f, doc);
+         if (invalidated) {
+            if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_DOCUMENT (&it)) {
+               bson_t id;
+               uint32_t len;
+               const uint8_t *data;
+               bson_iter_document (&it, &len, &data);
+               if (bson_init_static (&id, data, len)) {
+                  save_token (f, &id, true);
+               }
+            }
+            return true;
+         }
+         save_token (f, mongoc_change_stream_get_resume_token (cs), false);
+         if (!healthy && f->caught_up) {
+            set_state (s, CQC_STREAM_HEALTHY);
+            healthy = f->ever_healthy = true;
+            *backoff = 0;
+         }
+         if (should_stop (s)) {
+            return true;
+         }
+      }
+      if (mongoc_change_stream_error_document (cs, error, &reply)) {
+         return false;
+      }
+      /* An empty batch: caught up with the server. */
+      save_token (f, mongoc_change_stream_get_resume_token (cs), false);
+      f->caught_up = true;
+      if (!healthy) {
+         set_state (s, CQC_STREAM_HEALTHY);
+         healthy = f->ever_healthy = true;
+         *backoff = 0;
+      } else {
+         pthread_mutex_lock (s->w.lock);
+         cqc_arena_w_progress (s->w.arena, s->db_idx);
+         pthread_mutex_unlock (s->w.lock);
+      }
+   }
+   return true;
+}
+
+static void *
+stream_main (void *arg)
+{
+   cqc_stream_t *s = arg;
+   follow_t f = {0};
+   mongoc_client_t *client = NULL;
+   mongoc_database_t *db = NULL;
+   bson_t *pipeline = NULL;
+   bson_error_t error;
+   int64_t backoff = 0;
+   bool started = false;
+
+   pipeline = BCON_NEW ("pipeline", "[", "{", "$project", "{", "operationType", BCON_INT32 (1),
+                        "ns", BCON_INT32 (1), "documentKey", BCON_INT32 (1), "clusterTime",
+                        BCON_INT32 (1), "to", BCON_INT32 (1), "}", "}", "]");
+
+   while (!should_stop (s)) {
+      mongoc_change_stream_t *cs = NULL;
+      const bson_t *reply = NULL;
+      bson_t opts = BSON_INITIALIZER;
+      bool ok;
+
+      set_state (s, started ? CQC_STREAM_RECONNECTING : CQC_STREAM_CONNECTING);
+      started = true;
+      if (!client) {
+         client = make_client (s, &error);
+         if (!client) {
+            set_error (s, &error);
+            set_state (s, CQC_STREAM_FAILED);
+            bson_destroy (&opts);
+            sleep_unless_stopped (s, BACKOFF_FAILED_MS);
+            continue;
+         }
+         db = mongoc_client_get_database (client, s->db_name);
+      }
+      if (!f.token && f.ever_healthy) {
+         /* Starting again without a token: what was cached is unverifiable. */
+         drop_database_entries (s, false);
+      }
+      read_open_time (client, &f);
+      f.caught_up = false;
+      BSON_APPEND_INT64 (&opts, "maxAwaitTimeMS", s->max_await_ms);
+      if (f.token) {
+         BSON_APPEND_DOCUMENT (&opts, f.start_after ? "startAfter" : "resumeAfter", f.token);
+      }
+      cs = mongoc_database_watch (db, pipeline, &opts);
+      bson_destroy (&opts);
+      if (mongoc_change_stream_error_document (cs, &error, &reply)) {
+         ok = false;
+      } else {
+         ok = follow (s, &f, cs, &error, &backoff);
+      }
+      mongoc_change_stream_destroy (cs);
+      if (!ok && !should_stop (s)) {
+         sleep_unless_stopped (s, handle_error (s, &f, &error, &backoff));
+      }
+   }
+
+   set_state (s, CQC_STREAM_CLOSED);
+   bson_destroy (f.token);
+   bson_destroy (pipeline);
+   mongoc_database_destroy (db);
+   mongoc_client_destroy (client);
+   return NULL;
+}
+
+/* ======================================================================== */
+/* Public API                                                               */
+/* ======================================================================== */
+
+cqc_stream_t *
+cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const char *uri,
+                  int64_t max_await_ms, char *err, size_t errlen)
+{
+   cqc_stream_t *s = calloc (1, sizeof *s);
+
+   if (!s) {
+      snprintf (err, errlen, "out of memory");
+      return NULL;
+   }
+   s->w = *w;
+   s->db_idx = db_idx;
+   s->max_await_ms = max_await_ms;
+   s->db_name = strdup (db_name);
+   s->uri = strdup (uri);
+   pthread_mutex_init (&s->mu, NULL);
+   pthread_cond_init (&s->cv, NULL);
+   if (!s->db_name || !s->uri) {
+      snprintf (err, errlen, "out of memory");
+      goto fail;
+   }
+   pthread_mutex_lock (w->lock);
+   /* Readers consider progress older than this stalled. */
+   w->arena->dbs[db_idx].stall_ns = (uint64_t) (2 * max_await_ms + 2000) * 1000000ull;
+   pthread_mutex_unlock (w->lock);
+   if (pthread_create (&s->thread, NULL, stream_main, s) != 0) {
+      snprintf (err, errlen, "could not start the change-stream thread");
+      goto fail;
+   }
+   s->thread_started = true;
+   return s;
+
+fail:
+   cqc_stream_destroy (s);
+   return NULL;
+}
+
+void
+cqc_stream_signal_stop (cqc_stream_t *s)
+{
+   pthread_mutex_lock (&s->mu);
+   s->stop = true;
+   pthread_cond_broadcast (&s->cv);
+   pthread_mutex_unlock (&s->mu);
+}
+
+void
+cqc_stream_destroy (cqc_stream_t *s)
+{
+   if (!s) {
+      return;
+   }
+   cqc_stream_signal_stop (s);
+   if (s->thread_started) {
+      pthread_join (s->thread, NULL);
+   }
+   pthread_mutex_destroy (&s->mu);
+   pthread_cond_destroy (&s->cv);
+   if (s->uri) {
+      /* The URI may carry credentials: do not leave them in freed memory. */
+      memset (s->uri, 0, strlen (s->uri));
+   }
+   free (s->uri);
+   free (s->db_name);
+   free (s);
+}
+
+void
+cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out)
+{
+   pthread_mutex_lock (&s->mu);
+   out->state = s->state;
+   out->events = s->events;
+   out->reconnects = s->reconnects;
+   out->history_lost = s->history_lost;
+   memcpy (out->last_error, s->last_error, sizeof out->last_error);
+   pthread_mutex_unlock (&s->mu);
+}
+
+uint32_t
+cqc_stream_db_idx (const cqc_stream_t *s)
+{
+   return s->db_idx;
+}

@@ -1,0 +1,64 @@
+/*
+ * stream.h - change-stream followers on libmongoc: one per database, each in
+ * its own thread, keeping the arena coherent (DESIGN.md, coherence rules).
+ *
+ * A follower watches its database with a projection to what invalidation
+ * needs (operationType, ns, documentKey, clusterTime, rename target), applies
+ * every event to the arena under the writer lock, and publishes its health:
+ *
+ *   NOT_STARTED -> CONNECTING -> HEALTHY <-> RECONNECTING
+ *                                   |            |
+ *                                 CLOSED       FAILED (retried with backoff)
+ *
+ * HEALTHY is published only once the stream has caught up: an empty batch,
+ * or an event at or after the cluster time read just before the stream was
+ * opened. Every round trip refreshes the database's progress time; readers
+ * treat progress older than the stall bound as unhealthy, so a hung socket
+ * stops serving within the bound even before the driver notices.
+ *
+ * Resume: the last resume token is kept across errors. A resume that fails
+ * for any reason other than the network (history lost, token unknown) drops
+ * every entry of the database (its incarnation is bumped) before the stream
+ * starts afresh, so nothing cached before the gap can be served after it.
+ */
+#ifndef CQC_STREAM_H
+#define CQC_STREAM_H
+
+#include "arena.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+/* What followers write through: the arena and the lock of its single writer. */
+typedef struct {
+   cqc_arena_t *arena;
+   pthread_mutex_t *lock;
+} cqc_writer_t;
+
+typedef struct cqc_stream cqc_stream_t;
+
+typedef struct {
+   cqc_stream_state_t state;
+   uint64_t events;
+   uint64_t reconnects;
+   uint64_t history_lost;
+   char last_error[256];
+} cqc_stream_info_t;
+
+/* Start following `db_name` (already registered at db_idx). `uri` is copied
+ * and never logged. */
+cqc_stream_t *cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name,
+                                const char *uri, int64_t max_await_ms, char *err,
+                                size_t errlen);
+
+/* Ask the follower to stop; returns at once. */
+void cqc_stream_signal_stop (cqc_stream_t *s);
+
+/* Stop (if not yet asked), join the thread and free everything. */
+void cqc_stream_destroy (cqc_stream_t *s);
+
+void cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out);
+
+uint32_t cqc_stream_db_idx (const cqc_stream_t *s);
+
+#endif

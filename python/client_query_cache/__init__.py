@@ -1,0 +1,31 @@
+"""client-query-cache: a coherent read cache for PyMongo.
+
+Wrap a ``MongoClient`` with :class:`CacheManager`; reads that are safe to cache
+are answered from memory, everything else goes to MongoDB unchanged. Entries
+are invalidated by following MongoDB change streams.
+"""
+
+from ._core.config import CacheConfig
+from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
+from ._core.reasons import BypassReason, RejectReason, StreamState
+from ._core.snapshot import CacheSnapshot, StreamSnapshot
+from .synchronous import CachedCollection, CachedDatabase, CacheManager
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheManager",
+    "CachedDatabase",
+    "CachedCollection",
+    "CacheConfig",
+    "CacheSnapshot",
+    "StreamSnapshot",
+    "BypassReason",
+    "RejectReason",
+    "StreamState",
+    "CacheError",
+    "CacheConfigurationError",
+    "CacheClosedError",
+    "CacheForkedError",
+    "__version__",
+]

@@ -1,0 +1,236 @@
+"""The part of a manager shared by the sync and async facades.
+
+It owns the native cache (arena, writer, change-stream followers), the
+namespace handles, the bypass and rejection counters and the collection
+probes' verdicts. The facades only add the I/O: the MongoDB read of a miss and
+the collection probe, done with a sync or an async client.
+
+Miss protocol (coherence rule 1):
+    1. ``lookup`` misses;
+    2. ``probe_key`` / ``record_probe``: the collection is a plain collection
+       with the simple default collation, for the current namespace epoch;
+    3. ``capture`` takes the admission token (generations, stream health);
+    4. the facade reads MongoDB at primary with majority read concern;
+    5. ``admit`` stores the raw result only if the token is still current.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bson
+from bson.objectid import ObjectId
+
+from .. import _native
+from .classify import KIND_FIND_ONE, FindOnePlan
+from .config import CacheConfig
+from .errors import CacheClosedError, CacheForkedError
+from .reasons import BypassReason, RejectReason, StreamState
+from .snapshot import CacheSnapshot, StreamSnapshot
+
+__all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "MISS", "UNHEALTHY", "FALLBACK"]
+
+MISS = _native.MISS
+UNHEALTHY = _native.UNHEALTHY
+FALLBACK = _native.FALLBACK
+
+#: The cheapest way to build a document from BSON bytes with given codec
+#: options: PyMongo's C decoder, without bson.decode's argument checks.
+decode_bson: Callable[[Any, Any], Any] = getattr(bson, "_bson_to_dict", bson.decode)
+
+class Hooks:
+    """Test hooks called on the miss path (None: nothing is called)."""
+
+    __slots__ = ("after_capture", "before_admit")
+
+    def __init__(self) -> None:
+        self.after_capture: Callable[[], None] | None = None
+        self.before_admit: Callable[[], None] | None = None
+
+
+class NamespaceHandle:
+    """One registered namespace and the verdict of its last probe."""
+
+    __slots__ = ("db", "coll", "ns_idx", "db_idx", "unavailable", "probe_key", "probe_verdict")
+
+    def __init__(self, db: str, coll: str) -> None:
+        self.db = db
+        self.coll = coll
+        self.ns_idx = 0
+        self.db_idx = 0
+        self.unavailable = False
+        self.probe_key: tuple[int, int] | None = None
+        self.probe_verdict: BypassReason | None = None
+
+
+class Engine:
+    """Native cache plus counters; thread-safe."""
+
+    def __init__(self, config: CacheConfig, stream_uri: str | None) -> None:
+        self.config = config
+        self.native = _native.Cache(
+            budget_bytes=config.budget_bytes,
+            slot_count=config.effective_slot_count,
+            uri=stream_uri,
+            max_await_time_ms=config.max_await_time_ms,
+            decode=decode_bson,
+            objectid_type=ObjectId,
+            closed_error=CacheClosedError,
+            forked_error=CacheForkedError,
+        )
+        self.hooks = Hooks()
+        self._lock = threading.Lock()
+        self._bypasses: dict[str, int] = {}
+        self._rejects: dict[str, int] = {}
+        self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
+
+    # -- namespaces ---------------------------------------------------------
+
+    def namespace(self, db: str, coll: str) -> NamespaceHandle:
+        """The handle of ``db.coll``, registering it (and starting the
+        database's change stream) on first use."""
+        key = (db, coll)
+        handle = self._namespaces.get(key)
+        if handle is not None:
+            return handle
+        with self._lock:
+            handle = self._namespaces.get(key)
+            if handle is None:
+                handle = NamespaceHandle(db, coll)
+                try:
+                    handle.ns_idx, handle.db_idx = self.native.register(db, coll)
+                except ValueError:
+                    handle.unavailable = True  # table full or name too long
+                self._namespaces[key] = handle
+        return handle
+
+    # -- counters -----------------------------------------------------------
+
+    def count_bypass(self, reason: BypassReason) -> None:
+        with self._lock:
+            self._bypasses[reason.value] = self._bypasses.get(reason.value, 0) + 1
+
+    def _count_reject(self, reason: RejectReason) -> None:
+        with self._lock:
+            self._rejects[reason.value] = self._rejects.get(reason.value, 0) + 1
+
+    # -- the miss protocol --------------------------------------------------
+
+    def lookup_find_one(self, ns: NamespaceHandle, plan: FindOnePlan, codec_options: Any) -> Any:
+        return self.native.lookup(
+            ns.ns_idx, ns.db_idx, KIND_FIND_ONE, plan.filter_bytes, plan.rest, codec_options
+        )
+
+    def ns_key(self, ns: NamespaceHandle) -> tuple[int, int]:
+        """The (epoch, incarnation) a collection probe is valid for; read it
+        before probing, and probe again when it is not ``ns.probe_key``."""
+        return self.native.ns_epoch(ns.ns_idx)
+
+    def record_probe(
+        self, ns: NamespaceHandle, key: tuple[int, int], infos: list[Mapping[str, Any]]
+    ) -> None:
+        """Record a listCollections answer for ``ns`` (filtered by name)."""
+        if not infos:
+            ns.probe_key, ns.probe_verdict = None, BypassReason.MISSING_COLLECTION
+            return  # not remembered: the collection may appear at any time
+        info = infos[0]
+        options = info.get("options") or {}
+        collation = options.get("collation")
+        if info.get("type", "collection") != "collection":
+            verdict: BypassReason | None = BypassReason.UNSUPPORTED_COLLECTION
+        elif collation and collation.get("locale", "simple") != "simple":
+            verdict = BypassReason.UNSUPPORTED_COLLECTION
+        else:
+            verdict = None
+        ns.probe_key, ns.probe_verdict = key, verdict
+
+    def verdict(self, ns: NamespaceHandle, key: tuple[int, int]) -> BypassReason | None:
+        """The bypass reason of the collection under ``key``, None if its reads
+        may be cached."""
+        if ns.probe_key == key:
+            return ns.probe_verdict
+        return BypassReason.MISSING_COLLECTION
+
+    def capture(self, ns: NamespaceHandle, plan: FindOnePlan, probed_under: tuple[int, int]) -> bytes | None:
+        """The admission token, or None if the read must bypass (the stream
+        stopped serving, or the namespace changed since it was probed)."""
+        token = self.native.capture(ns.ns_idx, plan.filter_bytes)
+        if token is not None and self.native.ns_epoch(ns.ns_idx) != probed_under:
+            return None
+        return token
+
+    def admit(self, plan: FindOnePlan, token: bytes, raw: Any) -> None:
+        """Admit a miss's raw result (a RawBSONDocument or None)."""
+        value = None if raw is None else raw.raw
+        if value is not None and len(value) > self.config.max_entry_bytes:
+            self._count_reject(RejectReason.OVERSIZE)
+            return
+        # Rejections by the arena are counted there (see snapshot()).
+        self.native.admit(token, KIND_FIND_ONE, plan.filter_bytes, plan.rest, value)
+
+    # -- state --------------------------------------------------------------
+
+    def snapshot(self) -> CacheSnapshot:
+        stats = self.native.stats()
+        streams = tuple(
+            StreamSnapshot(
+                database=s["database"],
+                state=StreamState(s["state"]),
+                events=s["events"],
+                reconnects=s["reconnects"],
+                history_lost=s["history_lost"],
+                last_error=s["last_error"],
+            )
+            for s in self.native.streams()
+        )
+        with self._lock:
+            bypasses = dict(self._bypasses)
+            rejects = dict(self._rejects)
+        for name, reason in (
+            ("rejected_stale", RejectReason.STALE),
+            ("rejected_unhealthy", RejectReason.UNHEALTHY),
+            ("rejected_too_large", RejectReason.TOO_LARGE),
+            ("rejected_no_slot", RejectReason.NO_SLOT),
+        ):
+            if stats[name]:
+                rejects[reason.value] = stats[name]
+        return CacheSnapshot(
+            hits=stats["hits"],
+            misses=stats["misses"],
+            bypasses=bypasses,
+            admissions=stats["admissions"],
+            rejected_admissions=rejects,
+            evictions=stats["evictions"],
+            invalidations=stats["invalidations"],
+            used_bytes=stats["used_bytes"],
+            budget_bytes=stats["budget_bytes"],
+            entries=stats["entries"],
+            streams=streams,
+        )
+
+    def ready(self, database: str | None) -> bool:
+        streams = [s for s in self.native.streams() if database is None or s["database"] == database]
+        if database is not None and not streams:
+            return False
+        return all(
+            self.native.db_state(s["db_idx"])[0] == _native.STATE_HEALTHY for s in streams
+        )
+
+    def wait_ready(self, timeout: float, database: str | None) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.ready(database):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.native.closed)
+
+    def close(self) -> None:
+        self.native.close()

@@ -1,0 +1,71 @@
+"""Enumerations shared by the facades: why a read bypassed, stream states."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["BypassReason", "StreamState", "RejectReason"]
+
+
+class BypassReason(str, enum.Enum):
+    """Why a read went to PyMongo instead of the cache (counted per reason)."""
+
+    #: ``find_one`` with a filter other than ``{"_id": value}``.
+    NOT_IDENTITY_FILTER = "not_identity_filter"
+    #: ``{"_id": value}`` where the value's type is not cached by identity
+    #: (documents, arrays, regular expressions, Decimal128, None, ...).
+    UNSUPPORTED_ID_TYPE = "unsupported_id_type"
+    #: A PyMongo option that changes the result and is not part of the key
+    #: (sort, skip, hint, collation, max_time_ms, ...), or extra positional
+    #: arguments.
+    UNSUPPORTED_OPTION = "unsupported_option"
+    #: A keyword argument PyMongo's method does not know either.
+    UNKNOWN_OPTION = "unknown_option"
+    #: The read runs in an explicit session (or transaction).
+    SESSION = "session"
+    #: The collection reads from other than the primary.
+    READ_PREFERENCE = "read_preference"
+    #: The collection's read concern is neither unset nor majority.
+    READ_CONCERN = "read_concern"
+    #: The projection asks for ``$meta`` data, which is not deterministic.
+    NONDETERMINISTIC = "nondeterministic"
+    #: The filter or projection cannot be encoded to BSON; PyMongo will
+    #: report the problem itself.
+    UNENCODABLE = "unencodable"
+    #: The database's change stream is not established and making progress.
+    STREAM_UNHEALTHY = "stream_unhealthy"
+    #: A view, a time-series collection, a ``system.*`` collection or a
+    #: collection with a non-simple default collation.
+    UNSUPPORTED_COLLECTION = "unsupported_collection"
+    #: The collection does not exist (nothing is cached for it).
+    MISSING_COLLECTION = "missing_collection"
+    #: The arena's namespace or database table is full.
+    NAMESPACE_UNAVAILABLE = "namespace_unavailable"
+    #: A read method this version does not serve from the cache.
+    UNCACHED_METHOD = "uncached_method"
+
+
+class RejectReason(str, enum.Enum):
+    """Why a miss's result was not admitted (counted per reason)."""
+
+    #: A write (or namespace event) was applied between capture and admission.
+    STALE = "stale"
+    #: The stream stopped serving between capture and admission.
+    UNHEALTHY = "unhealthy"
+    #: The document is larger than ``max_entry_bytes``.
+    OVERSIZE = "oversize"
+    #: The entry is larger than a quarter of the arena's payload budget.
+    TOO_LARGE = "too_large"
+    #: No free slot within the probe limit of the entry table.
+    NO_SLOT = "no_slot"
+
+
+class StreamState(str, enum.Enum):
+    """Health of one database's change-stream follower."""
+
+    NOT_STARTED = "not_started"
+    CONNECTING = "connecting"
+    HEALTHY = "healthy"
+    RECONNECTING = "reconnecting"
+    FAILED = "failed"
+    CLOSED = "closed"

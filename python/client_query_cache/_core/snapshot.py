@@ -1,0 +1,48 @@
+"""Immutable snapshots of a manager's counters and stream states."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from .reasons import StreamState
+
+__all__ = ["CacheSnapshot", "StreamSnapshot"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamSnapshot:
+    """One database's change-stream follower."""
+
+    database: str
+    state: StreamState
+    #: Change events applied to the arena.
+    events: int
+    #: Errors after which the stream was reopened.
+    reconnects: int
+    #: Times every entry of the database was dropped because the stream's
+    #: history could not be resumed.
+    history_lost: int
+    #: The last error, without credentials ("" if none).
+    last_error: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheSnapshot:
+    """Counters of one manager at one moment."""
+
+    hits: int
+    misses: int
+    bypasses: Mapping[str, int]
+    admissions: int
+    rejected_admissions: Mapping[str, int]
+    evictions: int
+    invalidations: int
+    used_bytes: int
+    budget_bytes: int
+    entries: int
+    streams: tuple[StreamSnapshot, ...]
+
+    @property
+    def bypass_total(self) -> int:
+        return sum(self.bypasses.values())

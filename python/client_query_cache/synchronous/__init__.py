@@ -1,0 +1,6 @@
+"""The cache for PyMongo's synchronous ``MongoClient``."""
+
+from .collection import CachedCollection, CachedDatabase
+from .manager import CacheManager
+
+__all__ = ["CacheManager", "CachedDatabase", "CachedCollection"]
