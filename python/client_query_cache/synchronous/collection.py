@@ -16,6 +16,8 @@ from .._core.reasons import BypassReason
 
 __all__ = ["CachedDatabase", "CachedCollection"]
 
+_ABSENT = object()  # not of a FAST_ID_TYPES type
+
 
 class CachedDatabase:
     """A database whose collections read through the cache."""
@@ -108,7 +110,7 @@ class CachedCollection:
         """PyMongo's ``find_one``, served from the cache when it is an
         ``{"_id": value}`` lookup that is safe to cache."""
         if self._fast and not args and not kwargs and type(filter) is dict and len(filter) == 1:
-            id_value = filter.get("_id", FALLBACK)
+            id_value = filter.get("_id", _ABSENT)
             if type(id_value) in FAST_ID_TYPES:
                 result = self._native.lookup_id(
                     self._ns.ns_idx, self._ns.db_idx, id_value, self._codec
@@ -166,6 +168,7 @@ class CachedCollection:
     # -- reads not cached by this version -----------------------------------
 
     def _uncached(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self._native.check()  # CacheClosedError, CacheForkedError
         self._engine.count_bypass(BypassReason.UNCACHED_METHOD)
         return getattr(self._raw, method)(*args, **kwargs)
 

@@ -1,0 +1,197 @@
+"""Hit-path benchmark: a cached find_one next to its floor and a direct read.
+
+For about 1,000 documents of about 4 KiB, one process measures, interleaved
+sample by sample (decode, hit, direct, decode, hit, direct, ...):
+
+  decode  building the document from the same BSON bytes with the
+          collection's codec options (the floor of any hit: the caller needs
+          a fresh Python object);
+  hit     ``CachedCollection.find_one({"_id": i})`` answered from the cache;
+  direct  ``Collection.find_one({"_id": i})`` through PyMongo to the server.
+
+Quantiles are nearest-rank. Setup and warm-up are outside the timed region;
+every sampled result is checked against the expected document after its stop
+timestamp, and every timed cache read must have been a hit.
+
+    python -m benchmarks.hit_path [--quick] [--json PATH]
+
+Uses the disposable server unless MONGODB_URI names a deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import sys
+import time
+from typing import Any
+
+import bson
+import pymongo
+
+from client_query_cache import CacheManager
+from client_query_cache._core.engine import decode_bson
+from client_query_cache.testing import disposable_uri
+
+from ._common import machine_facts, make_document, progress, summarize, write_json
+
+SCHEMA = "client-query-cache/hit-path/1"
+
+
+def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    db_name = f"cqc_bench_hit_{int(time.time())}_{rng.randint(0, 10**6)}"
+    coll = client[db_name]["docs"]
+    setup_started = time.perf_counter()
+    try:
+        expected = [make_document(i, rng) for i in range(docs)]
+        coll.insert_many(expected)
+        sizes = [len(bson.encode(d)) for d in expected]
+        raw_by_id = {d["_id"]: bson.encode(d) for d in expected}
+        codec = coll.codec_options
+        # What a read must return: the stored document as this collection's
+        # codec options decode it (naive UTC datetimes by default).
+        expected = [bson.decode(raw_by_id[d["_id"]], codec) for d in expected]
+
+        with CacheManager(client) as manager:
+            cached = manager[db_name]["docs"]
+            if not manager.wait_ready(30):
+                raise RuntimeError("the change stream did not become ready")
+            # Warm-up: admit every document, then exercise all three paths.
+            for d in expected:
+                cached.find_one({"_id": d["_id"]})
+            for d in expected[: min(200, docs)]:
+                decode_bson(raw_by_id[d["_id"]], codec)
+                cached.find_one({"_id": d["_id"]})
+                coll.find_one({"_id": d["_id"]})
+            before = manager.snapshot()
+            setup_seconds = time.perf_counter() - setup_started
+
+            order = [rng.randrange(docs) for _ in range(samples)]
+            t_decode: list[int] = []
+            t_hit: list[int] = []
+            t_direct: list[int] = []
+            clock = time.perf_counter_ns
+            mismatches = 0
+            gc.collect()
+            for n, i in enumerate(order):
+                want = expected[i]
+                raw = raw_by_id[i]
+                filt = {"_id": i}
+
+                t0 = clock()
+                a = decode_bson(raw, codec)
+                t1 = clock()
+                t_decode.append(t1 - t0)
+                mismatches += a != want
+
+                t0 = clock()
+                b = cached.find_one(filt)
+                t1 = clock()
+                t_hit.append(t1 - t0)
+                mismatches += b != want
+
+                t0 = clock()
+                c = coll.find_one(filt)
+                t1 = clock()
+                t_direct.append(t1 - t0)
+                mismatches += c != want
+
+                if n % 2000 == 1999:
+                    progress(f"  {n + 1}/{samples} samples")
+            after = manager.snapshot()
+    finally:
+        client.drop_database(db_name)
+        client.close()
+
+    timed_hits = after.hits - before.hits
+    timed_misses = after.misses - before.misses
+    if mismatches or timed_hits != samples or timed_misses:
+        raise RuntimeError(
+            f"verification failed: {mismatches} mismatching results, "
+            f"{timed_hits} hits and {timed_misses} misses for {samples} cached reads"
+        )
+    decode, hit, direct = summarize(t_decode), summarize(t_hit), summarize(t_direct)
+    return {
+        "schema": SCHEMA,
+        "method": {
+            "interleaving": "decode, hit, direct per sample, random document order",
+            "quantiles": "nearest rank: index ceil(p/100*n)-1 of sorted samples",
+            "timer": "time.perf_counter_ns around each call",
+            "decode": "bson._bson_to_dict(raw, collection.codec_options)",
+            "verification": "every sampled result compared with the inserted document "
+            "after its stop timestamp; every timed cache read a hit",
+        },
+        "config": {
+            "documents": docs,
+            "samples": samples,
+            "seed": seed,
+            "document_bytes_mean": sum(sizes) / len(sizes),
+            "document_bytes_min": min(sizes),
+            "document_bytes_max": max(sizes),
+            "external_deployment": uri_is_external(),
+        },
+        "machine": machine_facts(),
+        "setup_seconds": setup_seconds,
+        "results": {"decode": decode, "hit": hit, "direct": direct},
+        "ratios": {
+            "hit_over_decode_p50": hit["p50_us"] / decode["p50_us"],
+            "hit_over_direct_p50": hit["p50_us"] / direct["p50_us"],
+            "hit_over_decode_p95": hit["p95_us"] / decode["p95_us"],
+            "hit_over_direct_p95": hit["p95_us"] / direct["p95_us"],
+        },
+        "verification": {
+            "checked_reads": 3 * samples,
+            "mismatches": mismatches,
+            "timed_hits": timed_hits,
+            "timed_misses": timed_misses,
+        },
+    }
+
+
+def uri_is_external() -> bool:
+    from client_query_cache.testing import external_uri
+
+    return external_uri() is not None
+
+
+def _print(report: dict[str, Any]) -> None:
+    cfg = report["config"]
+    print(
+        f"hit path: {cfg['documents']} documents of ~{cfg['document_bytes_mean']:.0f} B, "
+        f"{cfg['samples']} interleaved samples per operation"
+    )
+    print(f"{'operation':<10} {'p50 us':>10} {'p95 us':>10} {'p99 us':>10}")
+    for name in ("decode", "hit", "direct"):
+        r = report["results"][name]
+        print(f"{name:<10} {r['p50_us']:>10.2f} {r['p95_us']:>10.2f} {r['p99_us']:>10.2f}")
+    ratios = report["ratios"]
+    print(f"hit/decode p50: {ratios['hit_over_decode_p50']:.3f}")
+    print(f"hit/direct p50: {ratios['hit_over_direct_p50']:.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hit_path", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=20261203)
+    args = parser.parse_args(argv)
+    samples = args.samples or (2000 if args.quick else 20000)
+    progress("starting the server (or using MONGODB_URI)...")
+    with disposable_uri() as uri:
+        progress(f"measuring {samples} samples...")
+        report = _run(uri, args.documents, samples, args.seed)
+    report["mode"] = "quick" if args.quick else "full"
+    _print(report)
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

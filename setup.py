@@ -1,0 +1,96 @@
+"""Builds the C extension ``client_query_cache._native``.
+
+Project metadata lives in pyproject.toml; this file only describes the
+extension. Compiler and linker flags for libmongoc and libbson come from
+pkg-config. ``CQC_SANITIZE=1`` in the environment builds with AddressSanitizer
+and UndefinedBehaviorSanitizer (see .ci/sanitize for how to run it).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from glob import glob
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+PKG_CONFIG_MODULES = ("libmongoc-1.0", "libbson-1.0")
+INSTALL_HINT = (
+    "Install the Debian packages libmongoc-dev, libbson-dev and pkg-config "
+    "(apt-get install libmongoc-dev libbson-dev pkg-config), or run "
+    "`bash .ci/setup`."
+)
+
+COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread"]
+LINK_ARGS = ["-pthread"]
+# Later flags win, so -O1 here overrides the -O2 above.
+SANITIZE_ARGS = [
+    "-fsanitize=address,undefined",
+    "-fno-omit-frame-pointer",
+    "-fno-sanitize-recover=undefined",
+    "-O1",
+    "-g",
+]
+
+
+def sanitize_requested() -> bool:
+    return os.environ.get("CQC_SANITIZE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def pkg_config_flags() -> tuple[list[str], list[str]]:
+    """Return (cflags, libs) for libmongoc and libbson, or stop the build
+    with a message that names the packages to install."""
+    exe = shutil.which("pkg-config")
+    if exe is None:
+        raise SystemExit(f"error: pkg-config was not found. {INSTALL_HINT}")
+    missing = [
+        m for m in PKG_CONFIG_MODULES if subprocess.run([exe, "--exists", m]).returncode != 0
+    ]
+    if missing:
+        raise SystemExit(
+            f"error: pkg-config cannot find {', '.join(missing)}. {INSTALL_HINT}"
+        )
+
+    def query(option: str) -> list[str]:
+        out = subprocess.run(
+            [exe, option, *PKG_CONFIG_MODULES], check=True, capture_output=True, text=True
+        ).stdout
+        return shlex.split(out)
+
+    return query("--cflags"), query("--libs")
+
+
+class BuildExt(build_ext):
+    """Adds the pkg-config and sanitizer flags when a build actually runs
+    (so metadata and sdists work without libmongoc), and always recompiles:
+    the flags depend on the environment, and a timestamp check would let a
+    sanitized build reuse objects from a plain one or the other way round."""
+
+    def run(self) -> None:
+        cflags, libs = pkg_config_flags()
+        sanitize = sanitize_requested()
+        for ext in self.extensions:
+            ext.extra_compile_args = cflags + COMPILE_ARGS + (SANITIZE_ARGS if sanitize else [])
+            ext.extra_link_args = libs + LINK_ARGS + (SANITIZE_ARGS if sanitize else [])
+        self.force = True
+        super().run()
+
+
+native = Extension(
+    "client_query_cache._native",
+    sources=sorted(glob("csrc/*.c")),
+    depends=sorted(glob("csrc/*.h")),
+    include_dirs=["csrc"],
+)
+
+setup(
+    package_dir={"": "python"},
+    packages=find_packages(where="python"),
+    # py.typed and the stubs (_native.pyi) ship in every package that has them.
+    package_data={"": ["py.typed", "*.pyi"]},
+    ext_modules=[native],
+    cmdclass={"build_ext": BuildExt},
+)
