@@ -56,6 +56,7 @@ typedef struct {
    pthread_mutex_t lock; /* the single writer's lock */
    cqc_writer_t writer;
    cqc_stream_t **streams; /* indexed by db_idx */
+   cqc_stream_info_t *final_info; /* a stopped follower's last info, by db_idx */
    char *uri;              /* NULL: no followers (arena-only use) */
    int64_t max_await_ms;
    PyObject *decode;        /* decode(bytes, codec_options) */
@@ -149,7 +150,12 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
       return -1;
    }
    self->streams = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_t *));
-   if (!self->streams) {
+   self->final_info = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_info_t));
+   if (!self->streams || !self->final_info) {
+      PyMem_Free (self->streams);
+      PyMem_Free (self->final_info);
+      self->streams = NULL;
+      self->final_info = NULL;
       munmap (mem, need);
       PyErr_NoMemory ();
       return -1;
@@ -158,7 +164,9 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
       self->uri = strdup (uri);
       if (!self->uri) {
          PyMem_Free (self->streams);
+         PyMem_Free (self->final_info);
          self->streams = NULL;
+         self->final_info = NULL;
          munmap (mem, need);
          PyErr_NoMemory ();
          return -1;
@@ -199,8 +207,11 @@ stop_streams (CacheObject *self)
    }
    Py_BEGIN_ALLOW_THREADS
    for (i = 0; i < n; i++) {
-      cqc_stream_destroy (self->streams[i]);
-      self->streams[i] = NULL;
+      if (self->streams[i]) {
+         cqc_stream_destroy_keep_info (self->streams[i], &self->final_info[i]);
+         self->final_info[i].state = CQC_STREAM_CLOSED;
+         self->streams[i] = NULL;
+      }
    }
    Py_END_ALLOW_THREADS
 }
@@ -219,6 +230,7 @@ Cache_dealloc (CacheObject *self)
       munmap (self->mem, self->mem_len);
    }
    PyMem_Free (self->streams);
+   PyMem_Free (self->final_info);
    if (self->uri) {
       memset (self->uri, 0, strlen (self->uri));
       free (self->uri);
@@ -762,7 +774,8 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
       PyObject *d;
       if (self->streams && self->streams[i]) {
          cqc_stream_get_info (self->streams[i], &info);
-      } else if (self->closed) {
+      } else if (self->closed && self->final_info) {
+         info = self->final_info[i];
          info.state = CQC_STREAM_CLOSED;
       }
       d = Py_BuildValue ("{s:s,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s}", "database",

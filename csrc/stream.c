@@ -543,6 +543,18 @@ cqc_stream_destroy (cqc_stream_t *s)
 }
 
 void
+cqc_stream_destroy_keep_info (cqc_stream_t *s, cqc_stream_info_t *out)
+{
+   cqc_stream_signal_stop (s);
+   if (s->thread_started) {
+      pthread_join (s->thread, NULL);
+      s->thread_started = false;
+   }
+   cqc_stream_get_info (s, out);
+   cqc_stream_destroy (s);
+}
+
+void
 cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out)
 {
    pthread_mutex_lock (&s->mu);

@@ -57,6 +57,9 @@ void cqc_stream_signal_stop (cqc_stream_t *s);
 /* Stop (if not yet asked), join the thread and free everything. */
 void cqc_stream_destroy (cqc_stream_t *s);
 
+/* The same, first copying the follower's final info into *out. */
+void cqc_stream_destroy_keep_info (cqc_stream_t *s, cqc_stream_info_t *out);
+
 void cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out);
 
 uint32_t cqc_stream_db_idx (const cqc_stream_t *s);

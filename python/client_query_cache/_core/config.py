@@ -26,7 +26,8 @@ class CacheConfig:
 
     ``budget_bytes`` bounds the payload bytes of cached entries; eviction keeps
     the total under it. ``max_entry_bytes`` is the largest document that is
-    admitted (larger ones are returned and not cached). ``max_await_time_ms``
+    admitted (larger ones are returned and not cached); the managers default it
+    to 1 MiB, or a quarter of a smaller budget. ``max_await_time_ms``
     is how long a change-stream getMore waits for events; a stream that has not
     made progress within ``2 * max_await_time_ms + 2000`` ms stops serving.
     ``slot_count`` is the capacity of the entry table (rounded up to a power of
@@ -52,6 +53,13 @@ class CacheConfig:
             raise CacheConfigurationError(
                 "stream_uri must be a 'mongodb://' or 'mongodb+srv://' connection string"
             )
+
+    @staticmethod
+    def default_max_entry_bytes(budget_bytes: object) -> int:
+        """1 MiB, or a quarter of a smaller budget."""
+        if isinstance(budget_bytes, int) and not isinstance(budget_bytes, bool):
+            return max(1, min(1 * MiB, budget_bytes // 4))
+        return 1 * MiB  # the budget's own check reports the bad value
 
     @property
     def effective_slot_count(self) -> int:

@@ -1,0 +1,175 @@
+"""Base classes of the sync and async facades: everything but the I/O.
+
+Each facade subclasses these with its PyMongo types (``MongoClient`` or
+``AsyncMongoClient``) and adds only the methods whose bodies differ by
+``await``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from .config import CacheConfig, MiB
+from .engine import Engine
+from .errors import CacheConfigurationError
+from .read import CollectionCore
+from .snapshot import CacheSnapshot
+from .uri import stream_uri_for
+
+__all__ = ["ManagerBase", "DatabaseBase", "CollectionBase"]
+
+
+class CollectionBase:
+    """A wrapped PyMongo collection; reads are added by the facade."""
+
+    __slots__ = ("_engine", "_raw", "_core")
+
+    def __init__(self, engine: Engine, collection: Any) -> None:
+        self._engine = engine
+        self._raw = collection
+        self._core = CollectionCore(engine, collection)
+
+    @property
+    def raw(self) -> Any:
+        """The wrapped PyMongo collection."""
+        return self._raw
+
+    @property
+    def name(self) -> str:
+        return str(self._raw.name)
+
+    @property
+    def full_name(self) -> str:
+        return str(self._raw.full_name)
+
+    def with_options(self, **options: Any) -> Any:
+        """The same collection with other PyMongo options, also cached."""
+        return type(self)(self._engine, self._raw.with_options(**options))
+
+    def __getattr__(self, name: str) -> Any:
+        # Writes and everything else are PyMongo's own.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._raw, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._raw!r})"
+
+
+class DatabaseBase:
+    """A database whose collections read through the cache."""
+
+    __slots__ = ("_engine", "_raw")
+    _collection_cls: ClassVar[type[CollectionBase]]
+    _raw_collection_type: ClassVar[type]
+
+    def __init__(self, engine: Engine, database: Any) -> None:
+        self._engine = engine
+        self._raw = database
+
+    @property
+    def raw(self) -> Any:
+        """The wrapped PyMongo database."""
+        return self._raw
+
+    @property
+    def name(self) -> str:
+        return str(self._raw.name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_collection(name)
+
+    def get_collection(self, name: str, **options: Any) -> Any:
+        """A cached view of ``database.get_collection(name, **options)``."""
+        return self._collection_cls(self._engine, self._raw.get_collection(name, **options))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        value = getattr(self._raw, name)
+        if isinstance(value, self._raw_collection_type):
+            return self._collection_cls(self._engine, value)  # db.users reads through the cache
+        return value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._raw!r})"
+
+
+class ManagerBase:
+    """Configuration, the engine and access to cached databases."""
+
+    _client_type: ClassVar[type]
+    _collection_type: ClassVar[type]
+    _database_cls: ClassVar[type[DatabaseBase]]
+    _collection_cls: ClassVar[type[CollectionBase]]
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        budget_bytes: int = 64 * MiB,
+        max_entry_bytes: int | None = None,
+        max_await_time_ms: int = 1000,
+        slot_count: int | None = None,
+        stream_uri: str | None = None,
+    ) -> None:
+        if not isinstance(client, self._client_type):
+            raise CacheConfigurationError(
+                f"client must be a pymongo.{self._client_type.__name__}, "
+                f"not {type(client).__name__}"
+            )
+        if max_entry_bytes is None:
+            max_entry_bytes = CacheConfig.default_max_entry_bytes(budget_bytes)
+        self._config = CacheConfig(
+            budget_bytes=budget_bytes,
+            max_entry_bytes=max_entry_bytes,
+            max_await_time_ms=max_await_time_ms,
+            slot_count=slot_count,
+            stream_uri=stream_uri,
+        )
+        self._client = client
+        self._engine = Engine(self._config, stream_uri or stream_uri_for(client))
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._config
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_database(name)
+
+    def get_database(self, name: str, **options: Any) -> Any:
+        """A cached view of ``client.get_database(name, **options)``."""
+        return self._database_cls(self._engine, self._client.get_database(name, **options))
+
+    def get_cached_collection(self, collection: Any) -> Any:
+        """Wrap a PyMongo collection of this manager's client."""
+        if not isinstance(collection, self._collection_type):
+            raise CacheConfigurationError(
+                f"collection must be a pymongo {self._collection_type.__name__}, "
+                f"not {type(collection).__name__}"
+            )
+        if collection.database.client is not self._client:
+            raise CacheConfigurationError("collection belongs to another client")
+        return self._collection_cls(self._engine, collection)
+
+    def snapshot(self) -> CacheSnapshot:
+        """Counters, memory use and the state of every change stream."""
+        return self._engine.snapshot()
+
+    @staticmethod
+    def _check_timeout(timeout: object) -> float:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise CacheConfigurationError("timeout must be a non-negative number")
+        return float(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<{type(self).__name__} {state} budget={self._config.budget_bytes}>"

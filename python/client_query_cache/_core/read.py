@@ -1,0 +1,173 @@
+"""The steps of a cached read, without I/O, shared by the sync and async facades.
+
+A facade drives a read through these steps and does only the I/O in between
+(with a sync or an async PyMongo collection):
+
+    step = core.start_find_one(filter, args, kwargs)
+    PROBE  -> list the collection (listCollections by name), core.probed(step, infos)
+    READ   -> read MongoDB with core.primary, core.finish(step, raw)
+    HIT    -> step.value is the result
+    BYPASS -> call PyMongo's method with the caller's arguments, unchanged
+
+The fast path (``fast_find_one``) answers ``{"_id": int|str|ObjectId}`` hits
+with one C call and no allocation besides the result; otherwise it returns the
+first Step, so a facade tells the two apart with ``type(r) is Step``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from bson.raw_bson import RawBSONDocument
+from pymongo.read_concern import ReadConcern
+from pymongo.read_preferences import ReadPreference
+
+from .classify import FAST_ID_TYPES, FindOnePlan, classify_find_one, collection_bypass
+from .engine import FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
+from .reasons import BypassReason
+
+__all__ = ["CollectionCore", "Step", "StepKind"]
+
+_ABSENT = object()  # not of a FAST_ID_TYPES type
+
+
+class StepKind(enum.Enum):
+    HIT = "hit"
+    BYPASS = "bypass"
+    PROBE = "probe"
+    READ = "read"
+
+
+class Step:
+    """What the facade must do next for one read."""
+
+    __slots__ = ("kind", "value", "plan", "key", "token")
+
+    def __init__(
+        self,
+        kind: StepKind,
+        value: Any = None,
+        plan: FindOnePlan | None = None,
+        key: tuple[int, int] | None = None,
+        token: bytes | None = None,
+    ) -> None:
+        self.kind = kind
+        self.value = value
+        self.plan = plan
+        self.key = key
+        self.token = token
+
+
+_BYPASS = Step(StepKind.BYPASS)
+
+
+class CollectionCore:
+    """Per-collection state and logic of a cached collection (either facade).
+
+    ``collection`` is a PyMongo ``Collection`` or ``AsyncCollection``; only
+    its options are used here.
+    """
+
+    __slots__ = ("engine", "native", "ns", "codec", "primary", "probe_db", "bypass", "fast")
+
+    def __init__(self, engine: Engine, collection: Any) -> None:
+        self.engine = engine
+        self.native = engine.native
+        self.codec = collection.codec_options
+        # Misses read raw BSON at primary with majority read concern
+        # (coherence rule 4), whatever the collection's own settings.
+        self.primary = collection.with_options(
+            codec_options=collection.codec_options.with_options(document_class=RawBSONDocument),
+            read_preference=ReadPreference.PRIMARY,
+            read_concern=ReadConcern("majority"),
+        )
+        self.probe_db = collection.database.with_options(read_preference=ReadPreference.PRIMARY)
+        self.bypass = collection_bypass(collection)
+        self.ns = engine.namespace(collection.database.name, collection.name)
+        if self.bypass is None and self.ns.unavailable:
+            self.bypass = BypassReason.NAMESPACE_UNAVAILABLE
+        self.fast = self.bypass is None
+
+    # -- find_one -----------------------------------------------------------
+
+    def fast_find_one(self, filter: Any) -> Any:
+        """``find_one(filter)`` without other arguments: the hit itself when
+        the fast path answers (a document, or None for a cached "not found"),
+        else the first Step."""
+        if self.fast and type(filter) is dict and len(filter) == 1:
+            id_value = filter.get("_id", _ABSENT)
+            if type(id_value) in FAST_ID_TYPES:
+                result = self.native.lookup_id(self.ns.ns_idx, self.ns.db_idx, id_value, self.codec)
+                if result is not MISS and result is not UNHEALTHY and result is not FALLBACK:
+                    return result
+                if result is not FALLBACK:
+                    return self.start_find_one(filter, (), {}, looked_up=result)
+        return self.start_find_one(filter, (), {})
+
+    def start_find_one(
+        self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], looked_up: Any = None
+    ) -> Step:
+        """Classify, look up (unless ``looked_up`` already holds the fast
+        path's MISS or UNHEALTHY), and say what the facade must do next."""
+        self.native.check()  # CacheClosedError, CacheForkedError
+        reason = self.bypass
+        if reason is None:
+            plan = classify_find_one(filter, args, kwargs, self.codec)
+            if type(plan) is FindOnePlan:
+                result = looked_up
+                if result is None:
+                    result = self.engine.lookup_find_one(self.ns, plan, self.codec)
+                if result is MISS:
+                    return self._after_miss(plan)
+                if result is not UNHEALTHY:
+                    return Step(StepKind.HIT, value=result)
+                reason = BypassReason.STREAM_UNHEALTHY
+            else:
+                reason = plan
+        self.engine.count_bypass(reason)
+        return _BYPASS
+
+    def _after_miss(self, plan: FindOnePlan) -> Step:
+        key = self.engine.ns_key(self.ns)
+        if self.ns.probe_key != key:
+            return Step(StepKind.PROBE, plan=plan, key=key)
+        return self._capture(plan, key)
+
+    def probe_filter(self) -> dict[str, Any]:
+        """The listCollections filter of a PROBE step."""
+        return {"name": self.ns.coll}
+
+    def probed(self, step: Step, infos: list[Mapping[str, Any]]) -> Step:
+        """Continue after a PROBE step with the listCollections answer."""
+        assert step.plan is not None and step.key is not None
+        self.engine.record_probe(self.ns, step.key, infos)
+        return self._capture(step.plan, step.key)
+
+    def _capture(self, plan: FindOnePlan, key: tuple[int, int]) -> Step:
+        engine = self.engine
+        reason = engine.verdict(self.ns, key)
+        token = None if reason is not None else engine.capture(self.ns, plan, key)
+        if token is None:
+            engine.count_bypass(reason or BypassReason.STREAM_UNHEALTHY)
+            return _BYPASS
+        hook = engine.hooks.after_capture
+        if hook is not None:
+            hook()
+        return Step(StepKind.READ, plan=plan, key=key, token=token)
+
+    def finish(self, step: Step, raw: RawBSONDocument | None) -> Any:
+        """Admit a READ step's result (if still current) and return it."""
+        assert step.plan is not None and step.token is not None
+        hook = self.engine.hooks.before_admit
+        if hook is not None:
+            hook()
+        self.engine.admit(step.plan, step.token, raw)
+        return None if raw is None else decode_bson(raw.raw, self.codec)
+
+    # -- reads this version does not cache ----------------------------------
+
+    def uncached(self) -> None:
+        self.native.check()
+        self.engine.count_bypass(BypassReason.UNCACHED_METHOD)

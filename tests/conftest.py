@@ -1,0 +1,83 @@
+"""Shared fixtures: one database server per test session, a client per test,
+cache managers closed at teardown (helpers for polling are in support.py).
+
+The server is a disposable local SecantusDB, or the deployment named by the
+environment variable MONGODB_URI (see client_query_cache.testing).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pymongo
+import pytest
+
+from client_query_cache import CacheManager
+from client_query_cache.testing import disposable_uri
+from support import TEST_MAX_AWAIT_MS
+
+
+@pytest.fixture(scope="session")
+def server_uri() -> Iterator[str]:
+    """URI of the session's server: MONGODB_URI, or a disposable local one."""
+    with disposable_uri() as uri:
+        yield uri
+
+
+@pytest.fixture
+def client(server_uri: str) -> Iterator[pymongo.MongoClient]:
+    """A PyMongo client for this test, closed at teardown."""
+    mongo = pymongo.MongoClient(server_uri)
+    try:
+        yield mongo
+    finally:
+        mongo.close()
+
+
+@pytest.fixture
+def db_name(client: pymongo.MongoClient) -> Iterator[str]:
+    """A database name no other test uses; the database is dropped afterwards."""
+    name = f"cqc_test_{uuid.uuid4().hex[:16]}"
+    yield name
+    client.drop_database(name)
+
+
+# -- cache managers ------------------------------------------------------------
+
+@pytest.fixture
+def other_client(server_uri: str) -> Iterator[pymongo.MongoClient]:
+    """A second PyMongo client: "another application" that writes."""
+    mongo = pymongo.MongoClient(server_uri)
+    try:
+        yield mongo
+    finally:
+        mongo.close()
+
+
+@pytest.fixture
+def make_manager(client: pymongo.MongoClient) -> Iterator[Callable[..., CacheManager]]:
+    """Build managers over ``client`` (or another client given as ``client=``),
+    with ``max_await_time_ms=200`` unless told otherwise; all are closed at
+    teardown."""
+    made: list[CacheManager] = []
+
+    def make(**options: Any) -> CacheManager:
+        options.setdefault("max_await_time_ms", TEST_MAX_AWAIT_MS)
+        owner = options.pop("client", client)
+        cache = CacheManager(owner, **options)
+        made.append(cache)
+        return cache
+
+    try:
+        yield make
+    finally:
+        for cache in made:
+            cache.close()
+
+
+@pytest.fixture
+def manager(make_manager: Callable[..., CacheManager]) -> CacheManager:
+    """A manager over ``client`` with the test settings, closed at teardown."""
+    return make_manager()

@@ -1,0 +1,259 @@
+"""The change stream in trouble: a stopped server, a killed cursor, a hung
+getMore, lost history. Whatever happens, no stale document is served once the
+stream could have missed a change, and caching resumes afterwards."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+from bson.int64 import Int64
+from pymongo.errors import ConnectionFailure, ServerSelectionTimeoutError
+
+from client_query_cache import CacheManager, StreamState
+from client_query_cache.testing import DisposableServer, external_uri
+from support import STALL_BOUND_S, STREAM_APP_NAME, TEST_MAX_AWAIT_MS, ready_collection, stream_of, wait_until
+
+needs_local_server = pytest.mark.skipif(
+    external_uri() is not None,
+    reason="MONGODB_URI is set: these tests stop the server, arm failpoints or read "
+    "SecantusDB's currentOp",
+)
+
+#: Scheduling slack on a loaded 2-core machine when checking that bound.
+SLACK_S = 0.4
+
+
+def _cache_twice(cache: CacheManager, coll: Any, expected: Any) -> None:
+    assert coll.find_one({"_id": 1}) == expected
+    hits = cache.snapshot().hits
+    assert coll.find_one({"_id": 1}) == expected
+    assert cache.snapshot().hits == hits + 1, "the second read was not a hit"
+
+
+def _unhealthy_bypasses(cache: CacheManager) -> int:
+    return cache.snapshot().bypasses.get("stream_unhealthy", 0)
+
+
+# -- the server stops and comes back ------------------------------------------------
+
+
+@needs_local_server
+def test_a_stopped_server_makes_reads_bypass_within_the_stall_bound_and_caching_resumes():
+    with DisposableServer() as server:  # on-disk storage, its own port
+        reader = pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=500)
+        writer = pymongo.MongoClient(server.uri)
+        cache = CacheManager(reader, max_await_time_ms=TEST_MAX_AWAIT_MS)
+        try:
+            writer.outage.items.insert_one({"_id": 1, "v": 1})
+            coll = ready_collection(cache, "outage", "items")
+            _cache_twice(cache, coll, {"_id": 1, "v": 1})
+
+            server.stop()
+            stopped = time.monotonic()
+
+            # Until the stall bound, a read may still be the cached version
+            # (nothing can change while the server is down); then reads bypass
+            # and PyMongo reports the outage itself.
+            while True:
+                started = time.monotonic()
+                bypasses = _unhealthy_bypasses(cache)
+                try:
+                    result: Any = coll.find_one({"_id": 1})
+                except ServerSelectionTimeoutError:
+                    result = ServerSelectionTimeoutError
+                if _unhealthy_bypasses(cache) > bypasses:
+                    assert result is ServerSelectionTimeoutError
+                    break
+                assert result == {"_id": 1, "v": 1}
+                assert started - stopped <= STALL_BOUND_S + SLACK_S, "still served after the bound"
+                time.sleep(0.02)
+            assert started - stopped <= STALL_BOUND_S + SLACK_S
+            assert stream_of(cache, "outage").state != StreamState.HEALTHY
+            with pytest.raises(ServerSelectionTimeoutError):
+                coll.find_one({"_id": 1})
+            assert not cache.wait_ready(0, database="outage")
+
+            server.start()
+            writer.outage.items.update_one({"_id": 1}, {"$set": {"v": 2}})
+
+            # From the acknowledged write on, the old version is never served.
+            def fresh_and_healthy() -> bool:
+                try:
+                    doc = coll.find_one({"_id": 1})
+                except ConnectionFailure:
+                    return False  # the reader is still reconnecting
+                assert doc == {"_id": 1, "v": 2}, f"stale read after restart: {doc!r}"
+                return stream_of(cache, "outage").state == StreamState.HEALTHY
+
+            wait_until(fresh_and_healthy, timeout=30, what="the stream serves again after restart")
+            _cache_twice(cache, coll, {"_id": 1, "v": 2})
+            assert stream_of(cache, "outage").reconnects >= 1
+        finally:
+            cache.close()
+            reader.close()
+            writer.close()
+
+
+# -- the stream's cursor is killed ---------------------------------------------------
+
+
+def _stream_cursor_ids(client: pymongo.MongoClient, db_name: str) -> set[int]:
+    """Ids of the open database-level change-stream cursors on ``db_name``
+    (SecantusDB lists them as idle cursors of "<db>.$cmd.aggregate")."""
+    ns = f"{db_name}.$cmd.aggregate"
+    ops = client.admin.command("currentOp")["inprog"]
+    return {
+        int(op["cursorId"])
+        for op in ops
+        if op.get("type") == "idleCursor" and op.get("ns") == ns and op.get("cursorId")
+    }
+
+
+@needs_local_server
+def test_a_killed_stream_cursor_is_resumed_and_later_writes_invalidate(
+    manager, client, other_client, db_name
+):
+    client[db_name].items.insert_one({"_id": 1, "v": 1})
+    coll = ready_collection(manager, db_name, "items")
+    _cache_twice(manager, coll, {"_id": 1, "v": 1})
+    killed = wait_until(lambda: _stream_cursor_ids(client, db_name), what="the stream's cursor is listed")
+    assert len(killed) == 1
+
+    reply = client[db_name].command("killCursors", "$cmd.aggregate", cursors=[Int64(i) for i in killed])
+    assert set(reply["cursorsKilled"]) == killed
+    # A write right after the kill, racing the stream's resume.
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+
+    wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}, what="the racing write is seen")
+    resumed = wait_until(
+        lambda: _stream_cursor_ids(client, db_name) - killed, what="the stream opens a new cursor"
+    )
+    assert resumed
+    wait_until(lambda: manager.wait_ready(0, database=db_name), what="the stream serves")
+    _cache_twice(manager, coll, {"_id": 1, "v": 2})
+    # And the resumed stream goes on delivering.
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 3}})
+    wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}, what="a later write is seen")
+
+
+# -- failpoints: a hung getMore, lost history ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def failpoint_server() -> Iterator[DisposableServer]:
+    """A server that accepts configureFailPoint and keeps only 5 oplog entries
+    after an explicit prune (it prunes by itself only every 1000 writes)."""
+    if external_uri() is not None:
+        pytest.skip("MONGODB_URI is set: failpoints are armed on a local server only")
+    with DisposableServer(oplog_max_entries=5, extra_args=["--enable-test-commands"]) as server:
+        yield server
+
+
+@pytest.fixture
+def fp_client(failpoint_server: DisposableServer) -> Iterator[pymongo.MongoClient]:
+    mongo = pymongo.MongoClient(failpoint_server.uri)
+    try:
+        yield mongo
+    finally:
+        mongo.admin.command("configureFailPoint", "failCommand", mode="off")
+        mongo.close()
+
+
+def _arm(client: pymongo.MongoClient, mode: Any, **data: Any) -> None:
+    """Fail the cache's stream commands only (scoped by application name)."""
+    client.admin.command(
+        "configureFailPoint", "failCommand", mode=mode, data={"appName": STREAM_APP_NAME, **data}
+    )
+
+
+@needs_local_server
+def test_a_hung_stream_stops_serving_within_the_stall_bound(fp_client, make_manager):
+    cache = make_manager(client=fp_client)
+    fp_client.hung.items.insert_one({"_id": 1, "v": 1})
+    coll = ready_collection(cache, "hung", "items")
+    _cache_twice(cache, coll, {"_id": 1, "v": 1})
+    block_s = 6.0
+
+    # The stream's next getMore hangs for block_s: the socket stays open, so
+    # only the stall bound can tell readers that the stream is behind. A write
+    # elsewhere in the database makes the in-flight getMore return; the one
+    # after it is the blocked one.
+    for attempt in range(3):
+        _arm(fp_client, {"times": 1}, failCommands=["getMore"], blockConnection=True,
+             blockTimeMS=int(block_s * 1000))  # fmt: skip
+        events = stream_of(cache, "hung").events
+        probed = time.monotonic()
+        fp_client.hung.probe.insert_one({"_id": attempt})
+        wait_until(lambda: stream_of(cache, "hung").events > events, what="the probe is applied")
+        last_progress = time.monotonic()
+        if last_progress - probed < block_s / 2:
+            break
+        # Armed between two getMores: the blocked one carried the probe and
+        # the failpoint is spent. Arm again.
+    else:
+        pytest.fail("the probe event was never delivered ahead of the blocked getMore")
+    fp_client.hung.items.update_one({"_id": 1}, {"$set": {"v": 2}})
+    bypasses = _unhealthy_bypasses(cache)
+
+    wait_until(
+        lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 2},
+        timeout=30,
+        what="the update is served",
+    )
+    seen = time.monotonic() - last_progress
+    assert seen <= STALL_BOUND_S + SLACK_S, seen
+    assert seen < block_s  # not merely because the blocked getMore returned
+    assert _unhealthy_bypasses(cache) > bypasses
+    # Once the blocked getMore returns, the stream catches up and serves again.
+    wait_until(
+        lambda: stream_of(cache, "hung").state == StreamState.HEALTHY
+        and cache.wait_ready(0, database="hung"),
+        timeout=30,
+        what="the stream serves again",
+    )
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+    _cache_twice(cache, coll, {"_id": 1, "v": 2})
+
+
+@needs_local_server
+def test_lost_history_drops_the_databases_entries_before_caching_resumes(fp_client, make_manager):
+    cache = make_manager(client=fp_client)
+    fp_client.history.items.insert_one({"_id": 1, "v": 1})
+    coll = ready_collection(cache, "history", "items")
+    _cache_twice(cache, coll, {"_id": 1, "v": 1})
+    before = stream_of(cache, "history")
+
+    # Cut the stream off (its commands lose their connection) ...
+    _arm(fp_client, "alwaysOn", failCommands=["getMore", "aggregate"], closeConnection=True)
+    try:
+        wait_until(
+            lambda: stream_of(cache, "history").state != StreamState.HEALTHY,
+            what="the stream notices it is cut off",
+        )
+        # ... change the cached document and push its history out of the oplog.
+        fp_client.history.items.update_one({"_id": 1}, {"$set": {"v": 2}})
+        fp_client.history.filler.insert_many([{"i": i} for i in range(20)])
+        assert fp_client.admin.command("secantusAdmin.pruneOplog")["pruned"] > 0
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}  # bypassed
+    finally:
+        _arm(fp_client, "off")
+
+    # The resume is refused (ChangeStreamHistoryLost); the stream starts
+    # afresh after dropping every entry of the database.
+    wait_until(
+        lambda: stream_of(cache, "history").history_lost > before.history_lost
+        and cache.wait_ready(0, database="history"),
+        timeout=30,
+        what="the stream reports lost history and serves again",
+    )
+    after = stream_of(cache, "history")
+    assert after.history_lost == before.history_lost + 1
+    assert "286" in after.last_error
+    hits = cache.snapshot().hits
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+    assert cache.snapshot().hits == hits  # a miss: the old entry is gone
+    _cache_twice(cache, coll, {"_id": 1, "v": 2})
