@@ -9,6 +9,9 @@ sample by sample (decode, hit, direct, decode, hit, direct, ...):
   hit     ``CachedCollection.find_one({"_id": i})`` answered from the cache;
   direct  ``Collection.find_one({"_id": i})`` through PyMongo to the server.
 
+and the same three again with ``AsyncMongoClient`` and ``AsyncCacheManager``
+in an event loop (``await`` on the hit and on the direct read).
+
 Quantiles are nearest-rank. Setup and warm-up are outside the timed region;
 every sampled result is checked against the expected document after its stop
 timestamp, and every timed cache read must have been a hit.
@@ -21,6 +24,7 @@ Uses the disposable server unless MONGODB_URI names a deployment.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import random
 import sys
@@ -30,13 +34,70 @@ from typing import Any
 import bson
 import pymongo
 
-from client_query_cache import CacheManager
+from client_query_cache import AsyncCacheManager, CacheManager
 from client_query_cache._core.engine import decode_bson
 from client_query_cache.testing import disposable_uri
 
 from ._common import machine_facts, make_document, progress, summarize, write_json
 
 SCHEMA = "client-query-cache/hit-path/1"
+
+
+async def _measure_async(
+    uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int]
+) -> tuple[list[int], list[int], list[int], int, int]:
+    """The async columns: decode, ``await`` cached hit, ``await`` direct read,
+    interleaved per sample like the sync ones."""
+    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(uri)
+    try:
+        coll = client[db_name]["docs"]
+        codec = coll.codec_options
+        async with AsyncCacheManager(client) as manager:
+            cached = manager[db_name]["docs"]
+            if not await manager.wait_ready(30):
+                raise RuntimeError("the change stream did not become ready")
+            for d in expected:
+                await cached.find_one({"_id": d["_id"]})
+            for d in expected[:200]:
+                decode_bson(raw_by_id[d["_id"]], codec)
+                await cached.find_one({"_id": d["_id"]})
+                await coll.find_one({"_id": d["_id"]})
+            before = manager.snapshot()
+            t_decode: list[int] = []
+            t_hit: list[int] = []
+            t_direct: list[int] = []
+            clock = time.perf_counter_ns
+            mismatches = 0
+            gc.collect()
+            for i in order:
+                want = expected[i]
+                raw = raw_by_id[i]
+                filt = {"_id": i}
+
+                t0 = clock()
+                a = decode_bson(raw, codec)
+                t1 = clock()
+                t_decode.append(t1 - t0)
+                mismatches += a != want
+
+                t0 = clock()
+                b = await cached.find_one(filt)
+                t1 = clock()
+                t_hit.append(t1 - t0)
+                mismatches += b != want
+
+                t0 = clock()
+                c = await coll.find_one(filt)
+                t1 = clock()
+                t_direct.append(t1 - t0)
+                mismatches += c != want
+            after = manager.snapshot()
+    finally:
+        await client.close()
+    hits = after.hits - before.hits
+    if after.misses != before.misses:
+        mismatches += 1
+    return t_decode, t_hit, t_direct, mismatches, hits
 
 
 def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
@@ -102,6 +163,10 @@ def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
                 if n % 2000 == 1999:
                     progress(f"  {n + 1}/{samples} samples")
             after = manager.snapshot()
+        progress("measuring the async columns...")
+        a_decode, a_hit, a_direct, a_mismatches, a_hits = asyncio.run(
+            _measure_async(uri, db_name, expected, raw_by_id, order)
+        )
     finally:
         client.drop_database(db_name)
         client.close()
@@ -113,7 +178,12 @@ def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
             f"verification failed: {mismatches} mismatching results, "
             f"{timed_hits} hits and {timed_misses} misses for {samples} cached reads"
         )
+    if a_mismatches or a_hits != samples:
+        raise RuntimeError(
+            f"async verification failed: {a_mismatches} mismatches, {a_hits} hits for {samples} reads"
+        )
     decode, hit, direct = summarize(t_decode), summarize(t_hit), summarize(t_direct)
+    adecode, ahit, adirect = summarize(a_decode), summarize(a_hit), summarize(a_direct)
     return {
         "schema": SCHEMA,
         "method": {
@@ -135,15 +205,24 @@ def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
         },
         "machine": machine_facts(),
         "setup_seconds": setup_seconds,
-        "results": {"decode": decode, "hit": hit, "direct": direct},
+        "results": {
+            "decode": decode,
+            "hit": hit,
+            "direct": direct,
+            "async_decode": adecode,
+            "async_hit": ahit,
+            "async_direct": adirect,
+        },
         "ratios": {
             "hit_over_decode_p50": hit["p50_us"] / decode["p50_us"],
             "hit_over_direct_p50": hit["p50_us"] / direct["p50_us"],
             "hit_over_decode_p95": hit["p95_us"] / decode["p95_us"],
             "hit_over_direct_p95": hit["p95_us"] / direct["p95_us"],
+            "async_hit_over_decode_p50": ahit["p50_us"] / adecode["p50_us"],
+            "async_hit_over_direct_p50": ahit["p50_us"] / adirect["p50_us"],
         },
         "verification": {
-            "checked_reads": 3 * samples,
+            "checked_reads": 6 * samples,
             "mismatches": mismatches,
             "timed_hits": timed_hits,
             "timed_misses": timed_misses,
@@ -163,13 +242,15 @@ def _print(report: dict[str, Any]) -> None:
         f"hit path: {cfg['documents']} documents of ~{cfg['document_bytes_mean']:.0f} B, "
         f"{cfg['samples']} interleaved samples per operation"
     )
-    print(f"{'operation':<10} {'p50 us':>10} {'p95 us':>10} {'p99 us':>10}")
-    for name in ("decode", "hit", "direct"):
+    print(f"{'operation':<14} {'p50 us':>10} {'p95 us':>10} {'p99 us':>10}")
+    for name in ("decode", "hit", "direct", "async_decode", "async_hit", "async_direct"):
         r = report["results"][name]
-        print(f"{name:<10} {r['p50_us']:>10.2f} {r['p95_us']:>10.2f} {r['p99_us']:>10.2f}")
+        print(f"{name:<14} {r['p50_us']:>10.2f} {r['p95_us']:>10.2f} {r['p99_us']:>10.2f}")
     ratios = report["ratios"]
     print(f"hit/decode p50: {ratios['hit_over_decode_p50']:.3f}")
     print(f"hit/direct p50: {ratios['hit_over_direct_p50']:.4f}")
+    print(f"async hit/decode p50: {ratios['async_hit_over_decode_p50']:.3f}")
+    print(f"async hit/direct p50: {ratios['async_hit_over_direct_p50']:.4f}")
 
 
 def main(argv: list[str] | None = None) -> int:
