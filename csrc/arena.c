@@ -177,7 +177,7 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
 {
    const cqc_db_t *d;
    uint32_t st;
-   uint64_t progress, stall;
+   uint64_t progress, stall, now, beat_timeout;
 
    *stalled = false;
    if (db_idx >= a->hdr->geo.db_count) {
@@ -188,9 +188,16 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
    if (st != CQC_STREAM_HEALTHY) {
       return st > CQC_STREAM_CLOSED ? CQC_STREAM_FAILED : (cqc_stream_state_t) st;
    }
+   now = cqc_now_ns ();
+   beat_timeout = LOAD_RELAXED (&a->hdr->heartbeat_timeout_ns);
+   if (beat_timeout && now > LOAD (&a->hdr->heartbeat_ns) + beat_timeout) {
+      /* The owner stopped publishing: nobody applies invalidations. */
+      *stalled = true;
+      return CQC_STREAM_RECONNECTING;
+   }
    progress = LOAD (&d->progress_ns);
    stall = LOAD_RELAXED (&d->stall_ns);
-   if (cqc_now_ns () > progress + stall) {
+   if (now > progress + stall) {
       *stalled = true;
       return CQC_STREAM_RECONNECTING;
    }

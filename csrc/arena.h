@@ -148,7 +148,9 @@ typedef struct {
    uint64_t used_bytes; /* live blocks only; <= geo.budget_bytes */
    uint64_t entries;
    uint64_t block_gen;  /* last block generation handed out */
-   uint64_t heartbeat_ns;
+   uint64_t heartbeat_ns;         /* owner's CLOCK_MONOTONIC, every 100 ms */
+   uint64_t heartbeat_timeout_ns; /* 0: no owner (process-local); else readers
+                                     stop serving once the heartbeat is older */
 
    /* Writer counters. */
    uint64_t admissions;

@@ -142,3 +142,16 @@ cqc_filter_identity (const uint8_t *filter, size_t len, uint64_t *id_hash)
    }
    return !bson_iter_next (&it);
 }
+
+void
+cqc_key_write (uint8_t *out, uint8_t kind, uint32_t ns_idx, const uint8_t *filter, uint32_t flen,
+               const uint8_t *rest, uint32_t rlen)
+{
+   out[0] = kind;
+   memcpy (out + 1, &ns_idx, 4);
+   memcpy (out + 5, &flen, 4);
+   memcpy (out + CQC_KEY_FIXED, filter, flen);
+   if (rlen) {
+      memcpy (out + CQC_KEY_FIXED + flen, rest, rlen);
+   }
+}

@@ -42,4 +42,10 @@ uint32_t cqc_id_cell (uint64_t id_hash, uint32_t ns_idx, uint32_t count);
  * value>}, set *id_hash and return true. */
 bool cqc_filter_identity (const uint8_t *filter, size_t len, uint64_t *id_hash);
 
+/* Cache key layout (see module.c): kind | ns_idx | filter length | filter |
+ * rest. Writes key_len(flen, rlen) bytes to out. */
+#define CQC_KEY_FIXED 9u
+void cqc_key_write (uint8_t *out, uint8_t kind, uint32_t ns_idx, const uint8_t *filter,
+                    uint32_t flen, const uint8_t *rest, uint32_t rlen);
+
 #endif

@@ -19,12 +19,17 @@
 
 #include "arena.h"
 #include "keys.h"
+#include "owner.h"
+#include "ring.h"
 #include "stream.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <mongoc/mongoc.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define KEY_STACK 512
@@ -48,8 +53,22 @@ on_fork_child (void)
 /* The Cache type                                                           */
 /* ======================================================================== */
 
+/* Where the arena lives and who writes it. */
+enum {
+   MODE_LOCAL = 0,  /* private memory; this process writes */
+   MODE_OWNER = 1,  /* a shared file this process created; it writes */
+   MODE_WORKER = 2, /* an owner's file mapped read-only; admissions go to a ring */
+};
+
+#define ADMIT_QUEUED 16
+#define ADMIT_DROPPED 17
+
 typedef struct {
    PyObject_HEAD
+   int mode;
+   cqc_owner_t *owner; /* MODE_OWNER: the drain thread */
+   void *seg;          /* MODE_WORKER: this worker's ring segment */
+   size_t seg_len;
    cqc_arena_t arena;
    void *mem;
    size_t mem_len;
@@ -111,12 +130,136 @@ check_usable (CacheObject *self)
    return true;
 }
 
+/* MODE_OWNER: create the arena file (owner-only) and map it shared. */
+static void *
+create_shared (const char *path, uint64_t size)
+{
+   void *mem;
+   int fd = open (path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+   if (fd < 0) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, path);
+      return MAP_FAILED;
+   }
+   if (ftruncate (fd, (off_t) size) != 0) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, path);
+      close (fd);
+      unlink (path);
+      return MAP_FAILED;
+   }
+   mem = mmap (NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+   if (mem == MAP_FAILED) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, path);
+      unlink (path);
+   }
+   close (fd);
+   return mem;
+}
+
+/* Open a file this user owns and nobody else can access. */
+static int
+open_private (const char *path, int flags, struct stat *st)
+{
+   int fd = open (path, flags | O_CLOEXEC | O_NOFOLLOW);
+   if (fd < 0) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, path);
+      return -1;
+   }
+   if (fstat (fd, st) != 0 || !S_ISREG (st->st_mode) || st->st_uid != getuid () ||
+       (st->st_mode & 077) != 0) {
+      PyErr_Format (PyExc_PermissionError,
+                    "%s is not a private file of this user (uid %u): refusing to attach", path,
+                    (unsigned) getuid ());
+      close (fd);
+      return -1;
+   }
+   return fd;
+}
+
+/* MODE_WORKER: map the owner's arena read-only, validate it, and create this
+ * worker's ring segment. Sets self->mem, mem_len, seg, seg_len. */
+static bool
+attach_worker (CacheObject *self, const char *arena_path, const char *segment_path,
+               unsigned long long ring_bytes)
+{
+   struct stat st;
+   char err[256];
+   void *mem = MAP_FAILED, *seg = MAP_FAILED;
+   int fd = open_private (arena_path, O_RDONLY, &st);
+
+   if (fd < 0) {
+      return false;
+   }
+   if (st.st_size < (off_t) sizeof (cqc_arena_header_t)) {
+      PyErr_Format (PyExc_ValueError, "%s is too small to be an arena", arena_path);
+      goto fail;
+   }
+   mem = mmap (NULL, (size_t) st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+   close (fd);
+   fd = -1;
+   if (mem == MAP_FAILED) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, arena_path);
+      goto fail;
+   }
+   if (!cqc_arena_r_attach (&self->arena, mem, (uint64_t) st.st_size, err, sizeof err)) {
+      PyErr_Format (PyExc_ValueError, "cannot attach to %s: %s", arena_path, err);
+      goto fail;
+   }
+   if (self->arena.hdr->owner_uid != (uint32_t) getuid ()) {
+      PyErr_Format (PyExc_PermissionError, "the arena's owner runs as uid %u, not %u",
+                    self->arena.hdr->owner_uid, (unsigned) getuid ());
+      goto fail;
+   }
+   if (ring_bytes < CQC_RING_DATA_OFF + 4096u || ring_bytes > (1u << 30)) {
+      PyErr_SetString (PyExc_ValueError, "ring_bytes out of range");
+      goto fail;
+   }
+   fd = open (segment_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+   if (fd < 0) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
+      goto fail;
+   }
+   if (ftruncate (fd, (off_t) ring_bytes) != 0) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
+      unlink (segment_path);
+      goto fail;
+   }
+   seg = mmap (NULL, ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+   if (seg == MAP_FAILED || !cqc_ring_format (seg, ring_bytes, (uint32_t) getpid ())) {
+      PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
+      unlink (segment_path);
+      goto fail;
+   }
+   close (fd);
+   self->mem = mem;
+   self->mem_len = (size_t) st.st_size;
+   self->seg = seg;
+   self->seg_len = ring_bytes;
+   return true;
+
+fail:
+   if (fd >= 0) {
+      close (fd);
+   }
+   if (seg != MAP_FAILED) {
+      munmap (seg, ring_bytes);
+   }
+   if (mem != MAP_FAILED) {
+      munmap (mem, (size_t) st.st_size);
+   }
+   memset (&self->arena, 0, sizeof self->arena);
+   return false;
+}
+
 static int
 Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
 {
-   static char *kwlist[] = {"budget_bytes",  "slot_count",   "uri",          "max_await_time_ms",
-                            "decode",        "objectid_type", "closed_error", "forked_error",
-                            NULL};
+   static char *kwlist[] = {"budget_bytes", "slot_count",    "uri",          "max_await_time_ms",
+                            "decode",       "objectid_type", "closed_error", "forked_error",
+                            "mode",         "arena_path",    "segment_path", "ring_bytes",
+                            "heartbeat_timeout_ms", "arena_bytes", NULL};
+   int mode = MODE_LOCAL;
+   const char *arena_path = NULL, *segment_path = NULL;
+   unsigned long long ring_bytes = 0, beat_ms = 1000, arena_bytes = 0;
    unsigned long long budget;
    unsigned int slots;
    const char *uri = NULL;
@@ -131,54 +274,93 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
       PyErr_SetString (PyExc_RuntimeError, "Cache is already initialized");
       return -1;
    }
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO", kwlist, &budget, &slots, &uri,
-                                     &await_ms, &decode, &oid, &closed_error, &forked_error)) {
+   self->fork_gen = g_fork_gen;
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|izzKKK", kwlist, &budget, &slots,
+                                     &uri, &await_ms, &decode, &oid, &closed_error, &forked_error,
+                                     &mode, &arena_path, &segment_path, &ring_bytes, &beat_ms,
+                                     &arena_bytes)) {
+      return -1;
+   }
+   if (mode != MODE_LOCAL && mode != MODE_OWNER && mode != MODE_WORKER) {
+      PyErr_SetString (PyExc_ValueError, "invalid mode");
+      return -1;
+   }
+   if (mode != MODE_LOCAL && !arena_path) {
+      PyErr_SetString (PyExc_ValueError, "a shared arena needs arena_path");
       return -1;
    }
    geo.budget_bytes = budget;
    geo.slot_count = slots;
-   need = cqc_arena_required_bytes (&geo);
-   /* Private anonymous memory: pages are committed only when touched. */
-   mem = mmap (NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-   if (mem == MAP_FAILED) {
-      PyErr_SetFromErrno (PyExc_OSError);
-      return -1;
+   if (mode == MODE_WORKER) {
+      if (!segment_path || !attach_worker (self, arena_path, segment_path, ring_bytes)) {
+         if (!PyErr_Occurred ()) {
+            PyErr_SetString (PyExc_ValueError, "a worker needs segment_path");
+         }
+         return -1;
+      }
+      mem = self->mem;
+      need = self->mem_len;
+      uri = NULL; /* the owner follows the streams */
+   } else {
+      need = cqc_arena_required_bytes (&geo);
+      if (arena_bytes) {
+         if (arena_bytes < need) {
+            PyErr_Format (PyExc_ValueError,
+                          "arena_bytes (%llu) is smaller than the %llu bytes this budget and "
+                          "slot count need",
+                          arena_bytes, (unsigned long long) need);
+            return -1;
+         }
+         need = arena_bytes;
+      }
+      mem = mode == MODE_OWNER ? create_shared (arena_path, need)
+                               /* private: pages are committed only when touched */
+                               : mmap (NULL, need, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mem == MAP_FAILED) {
+         if (!PyErr_Occurred ()) {
+            PyErr_SetFromErrno (PyExc_OSError);
+         }
+         return -1;
+      }
+      if (!cqc_arena_format (&self->arena, mem, need, &geo, err, sizeof err)) {
+         munmap (mem, need);
+         PyErr_SetString (PyExc_ValueError, err);
+         return -1;
+      }
+      self->arena.hdr->owner_uid = (uint32_t) getuid ();
+      self->arena.hdr->owner_pid = (uint32_t) getpid ();
+      if (mode == MODE_OWNER) {
+         self->arena.hdr->heartbeat_timeout_ns = beat_ms * 1000000ull;
+      }
    }
-   if (!cqc_arena_format (&self->arena, mem, need, &geo, err, sizeof err)) {
-      munmap (mem, need);
-      PyErr_SetString (PyExc_ValueError, err);
-      return -1;
-   }
+   self->mode = mode;
+   /* From here on, Cache_dealloc releases whatever init leaves behind. */
+   self->mem = mem;
+   self->mem_len = need;
    self->streams = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_t *));
    self->final_info = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_info_t));
    if (!self->streams || !self->final_info) {
-      PyMem_Free (self->streams);
-      PyMem_Free (self->final_info);
-      self->streams = NULL;
-      self->final_info = NULL;
-      munmap (mem, need);
       PyErr_NoMemory ();
       return -1;
    }
    if (uri) {
       self->uri = strdup (uri);
       if (!self->uri) {
-         PyMem_Free (self->streams);
-         PyMem_Free (self->final_info);
-         self->streams = NULL;
-         self->final_info = NULL;
-         munmap (mem, need);
          PyErr_NoMemory ();
          return -1;
       }
    }
-   self->mem = mem;
-   self->mem_len = need;
-   self->arena.hdr->owner_uid = (uint32_t) getuid ();
-   self->arena.hdr->owner_pid = (uint32_t) getpid ();
    pthread_mutex_init (&self->lock, NULL);
    self->writer.arena = &self->arena;
    self->writer.lock = &self->lock;
+   if (mode == MODE_OWNER) {
+      self->owner = cqc_owner_start (&self->writer, err, sizeof err);
+      if (!self->owner) {
+         PyErr_SetString (PyExc_RuntimeError, err);
+         return -1;
+      }
+   }
    self->max_await_ms = await_ms;
    self->fork_gen = g_fork_gen;
    Py_INCREF (decode);
@@ -222,7 +404,16 @@ Cache_dealloc (CacheObject *self)
    bool same_process = self->fork_gen == g_fork_gen;
    if (self->mem && same_process) {
       stop_streams (self);
+      if (self->owner) {
+         Py_BEGIN_ALLOW_THREADS
+         cqc_owner_destroy (self->owner);
+         Py_END_ALLOW_THREADS
+         self->owner = NULL;
+      }
       pthread_mutex_destroy (&self->lock);
+   }
+   if (self->seg) {
+      munmap (self->seg, self->seg_len);
    }
    /* In a forked child the threads do not exist and the lock may be held by
     * one of them in the parent's image: leave both alone. */
@@ -266,13 +457,7 @@ key_build (key_t_ *k, uint8_t kind, uint32_t ns_idx, const uint8_t *filter, uint
       PyErr_NoMemory ();
       return false;
    }
-   k->buf[0] = kind;
-   memcpy (k->buf + 1, &ns_idx, 4);
-   memcpy (k->buf + 5, &flen, 4);
-   memcpy (k->buf + 9, filter, flen);
-   if (rlen) {
-      memcpy (k->buf + 9 + flen, rest, rlen);
-   }
+   cqc_key_write (k->buf, kind, ns_idx, filter, flen, rest, rlen);
    k->len = (uint32_t) total;
    return true;
 }
@@ -582,6 +767,13 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       PyErr_SetString (PyExc_ValueError, "token does not match the filter");
       goto cleanup;
    }
+   if (self->mode == MODE_WORKER) {
+      bool pushed = cqc_ring_push (self->seg, (uint8_t) kind, vb.obj == NULL, &tok, fb.buf,
+                                   (uint32_t) fb.len, rb.buf, (uint32_t) rb.len,
+                                   vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0);
+      res = PyLong_FromLong (pushed ? ADMIT_QUEUED : ADMIT_DROPPED);
+      goto cleanup;
+   }
    if (!key_build (&k, (uint8_t) kind, tok.ns_idx, fb.buf, (uint32_t) fb.len, rb.buf,
                    (uint32_t) rb.len)) {
       goto cleanup;
@@ -627,6 +819,10 @@ Cache_register (CacheObject *self, PyObject *args)
       return NULL;
    }
    if (!check_usable (self)) {
+      return NULL;
+   }
+   if (self->mode == MODE_WORKER) {
+      PyErr_SetString (PyExc_RuntimeError, "a worker registers namespaces through its owner");
       return NULL;
    }
    pthread_mutex_lock (&self->lock);
@@ -706,13 +902,33 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
       (void) check_usable (self);
       return NULL;
    }
-   pthread_mutex_lock (&self->lock);
-   memcpy (&h, self->arena.hdr, sizeof h);
-   pthread_mutex_unlock (&self->lock);
+   if (self->mode == MODE_WORKER) {
+      memcpy (&h, self->arena.hdr, sizeof h); /* the owner's counters, racy */
+   } else {
+      pthread_mutex_lock (&self->lock);
+      memcpy (&h, self->arena.hdr, sizeof h);
+      pthread_mutex_unlock (&self->lock);
+   }
    d = PyDict_New ();
    if (!d) {
       return NULL;
    }
+   if (self->mode == MODE_WORKER) {
+      const cqc_ring_header_t *rh = self->seg;
+      SET_U64 (d, "ring_pushed", rh->pushed);
+      SET_U64 (d, "ring_dropped", rh->dropped);
+   }
+   if (self->owner) {
+      cqc_owner_stats_t os;
+      cqc_owner_get_stats (self->owner, &os);
+      SET_U64 (d, "attached_rings", os.rings);
+      SET_U64 (d, "ring_records", os.records);
+      SET_U64 (d, "ring_dropped", os.dropped);
+      SET_U64 (d, "ring_malformed", os.malformed);
+   }
+   SET_U64 (d, "owner_pid", h.owner_pid);
+   SET_U64 (d, "created_ns", h.created_ns);
+   SET_U64 (d, "heartbeat_ns", h.heartbeat_ns);
    SET_U64 (d, "hits", self->hits);
    SET_U64 (d, "not_found_hits", self->not_found_hits);
    SET_U64 (d, "misses", self->misses);
@@ -774,9 +990,19 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
       PyObject *d;
       if (self->streams && self->streams[i]) {
          cqc_stream_get_info (self->streams[i], &info);
-      } else if (self->closed && self->final_info) {
+      } else if (self->closed && self->final_info && self->mode != MODE_WORKER) {
          info = self->final_info[i];
          info.state = CQC_STREAM_CLOSED;
+      } else if (self->mode == MODE_WORKER) {
+         /* The owner's followers, as published in the arena. */
+         const cqc_db_t *db = &self->arena.dbs[i];
+         info.state = (cqc_stream_state_t) __atomic_load_n (&db->health, __ATOMIC_ACQUIRE);
+         if (info.state > CQC_STREAM_CLOSED) {
+            info.state = CQC_STREAM_FAILED;
+         }
+         info.events = db->events;
+         info.reconnects = db->reconnects;
+         info.history_lost = db->history_lost;
       }
       d = Py_BuildValue ("{s:s,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s}", "database",
                          self->arena.dbs[i].name, "db_idx", i, "state", state_name (info.state),
@@ -793,6 +1019,61 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
       Py_DECREF (d);
    }
    return list;
+}
+
+/* attach_ring(path) -> id (MODE_OWNER): start draining a worker's ring. */
+static PyObject *
+Cache_attach_ring (CacheObject *self, PyObject *arg)
+{
+   const char *path = PyUnicode_AsUTF8 (arg);
+   char err[256];
+   uint32_t id;
+   if (!path || !check_usable (self)) {
+      return NULL;
+   }
+   if (!self->owner) {
+      PyErr_SetString (PyExc_RuntimeError, "only an owner drains rings");
+      return NULL;
+   }
+   id = cqc_owner_attach (self->owner, path, err, sizeof err);
+   if (!id) {
+      PyErr_SetString (PyExc_ValueError, err);
+      return NULL;
+   }
+   return PyLong_FromUnsignedLong (id);
+}
+
+/* detach_ring(id) (MODE_OWNER): drain what is left, unmap and unlink. */
+static PyObject *
+Cache_detach_ring (CacheObject *self, PyObject *arg)
+{
+   unsigned long id = PyLong_AsUnsignedLong (arg);
+   if (PyErr_Occurred ()) {
+      return NULL;
+   }
+   if (self->owner && self->fork_gen == g_fork_gen) {
+      Py_BEGIN_ALLOW_THREADS
+      cqc_owner_detach (self->owner, (uint32_t) id);
+      Py_END_ALLOW_THREADS
+   }
+   Py_RETURN_NONE;
+}
+
+/* geometry() -> dict: what an attacher compares with what it expects. */
+static PyObject *
+Cache_geometry (CacheObject *self, PyObject *Py_UNUSED (ignored))
+{
+   const cqc_arena_header_t *h = self->arena.hdr;
+   if (!h) {
+      PyErr_SetString (PyExc_RuntimeError, "no arena");
+      return NULL;
+   }
+   return Py_BuildValue ("{s:I,s:K,s:K,s:I,s:I,s:I,s:I,s:K}", "layout_version",
+                         h->layout_version, "arena_bytes", (unsigned long long) h->arena_bytes,
+                         "budget_bytes", (unsigned long long) h->geo.budget_bytes, "slot_count",
+                         h->geo.slot_count, "owner_uid", h->owner_uid, "owner_pid",
+                         h->owner_pid, "mode", (unsigned) self->mode, "heartbeat_timeout_ns",
+                         (unsigned long long) h->heartbeat_timeout_ns);
 }
 
 /* check(): raise if this cache may not be used (closed, or forked). */
@@ -815,6 +1096,12 @@ Cache_close (CacheObject *self, PyObject *Py_UNUSED (ignored))
    if (!self->closed) {
       self->closed = true;
       stop_streams (self);
+      if (self->owner) {
+         Py_BEGIN_ALLOW_THREADS
+         cqc_owner_destroy (self->owner);
+         Py_END_ALLOW_THREADS
+         self->owner = NULL;
+      }
    }
    Py_RETURN_NONE;
 }
@@ -842,6 +1129,9 @@ static PyMethodDef Cache_methods[] = {
    {"streams", (PyCFunction) Cache_streams, METH_NOARGS, "Change-stream followers."},
    {"close", (PyCFunction) Cache_close, METH_NOARGS, "Stop the followers."},
    {"check", (PyCFunction) Cache_check, METH_NOARGS, "Raise if closed or used after fork."},
+   {"attach_ring", (PyCFunction) Cache_attach_ring, METH_O, "Owner: drain a worker's ring."},
+   {"detach_ring", (PyCFunction) Cache_detach_ring, METH_O, "Owner: release a worker's ring."},
+   {"geometry", (PyCFunction) Cache_geometry, METH_NOARGS, "Arena geometry and owner."},
    {NULL, NULL, 0, NULL},
 };
 
@@ -948,6 +1238,11 @@ PyInit__native (void)
        PyModule_AddIntConstant (m, "ADMIT_UNHEALTHY", CQC_ADMIT_UNHEALTHY) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_TOO_LARGE", CQC_ADMIT_TOO_LARGE) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_NO_SLOT", CQC_ADMIT_NO_SLOT) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_QUEUED", ADMIT_QUEUED) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_DROPPED", ADMIT_DROPPED) < 0 ||
+       PyModule_AddIntConstant (m, "MODE_LOCAL", MODE_LOCAL) < 0 ||
+       PyModule_AddIntConstant (m, "MODE_OWNER", MODE_OWNER) < 0 ||
+       PyModule_AddIntConstant (m, "MODE_WORKER", MODE_WORKER) < 0 ||
        PyModule_AddIntConstant (m, "LAYOUT_VERSION", CQC_LAYOUT_VERSION) < 0 ||
        PyModule_AddIntConstant (m, "STATE_HEALTHY", CQC_STREAM_HEALTHY) < 0) {
       Py_DECREF (m);

@@ -7,8 +7,10 @@ are invalidated by following MongoDB change streams.
 """
 
 from ._core.config import CacheConfig
+from ._core.handle import SharedCache
 from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
 from ._core.reasons import BypassReason, RejectReason, StreamState
+from ._core.shared import SharedCacheError
 from ._core.snapshot import CacheSnapshot, StreamSnapshot
 from .asynchronous import AsyncCacheManager, AsyncCachedCollection, AsyncCachedDatabase
 from .synchronous import CachedCollection, CachedDatabase, CacheManager
@@ -32,5 +34,7 @@ __all__ = [
     "CacheConfigurationError",
     "CacheClosedError",
     "CacheForkedError",
+    "SharedCache",
+    "SharedCacheError",
     "__version__",
 ]

@@ -16,6 +16,8 @@ Miss protocol (coherence rule 1):
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +31,7 @@ from .classify import KIND_FIND_ONE, FindOnePlan
 from .config import CacheConfig
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
+from .shared import DEFAULT_RING_BYTES, OwnerLink, SharedCacheError, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
 
 __all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "MISS", "UNHEALTHY", "FALLBACK"]
@@ -69,23 +72,63 @@ class NamespaceHandle:
 class Engine:
     """Native cache plus counters; thread-safe."""
 
-    def __init__(self, config: CacheConfig, stream_uri: str | None) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        stream_uri: str | None,
+        link: OwnerLink | None = None,
+        deployment: dict[str, Any] | None = None,
+    ) -> None:
         self.config = config
-        self.native = _native.Cache(
+        self.link = link
+        self.max_entry_bytes = config.max_entry_bytes
+        common = dict(
             budget_bytes=config.budget_bytes,
             slot_count=config.effective_slot_count,
-            uri=stream_uri,
             max_await_time_ms=config.max_await_time_ms,
             decode=decode_bson,
             objectid_type=ObjectId,
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
         )
+        if link is None:
+            self.native = _native.Cache(uri=stream_uri, **common)
+        else:
+            self.native = self._attach(link, deployment or {}, common)
         self.hooks = Hooks()
         self._lock = threading.Lock()
         self._bypasses: dict[str, int] = {}
         self._rejects: dict[str, int] = {}
         self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
+
+    def _attach(self, link: OwnerLink, deployment: dict[str, Any], common: dict[str, Any]) -> Any:
+        """Map the owner's arena, create this worker's ring and say hello."""
+        segment = ring_path(link.name)
+        native = _native.Cache(
+            uri=None,
+            mode=_native.MODE_WORKER,
+            arena_path=str(link.paths["arena"]),
+            segment_path=str(segment),
+            ring_bytes=DEFAULT_RING_BYTES,
+            **common,
+        )
+        try:
+            reply = link.request("hello", pid=os.getpid(), segment=str(segment), deployment=deployment)
+            mine, theirs = native.geometry(), reply["geometry"]
+            for key in ("layout_version", "arena_bytes", "budget_bytes", "slot_count", "owner_uid", "owner_pid"):
+                if mine[key] != theirs[key]:
+                    raise SharedCacheError(
+                        f"the arena of {link.name!r} does not match its owner ({key}: "
+                        f"{mine[key]} != {theirs[key]})"
+                    )
+        except BaseException:
+            native.close()
+            with contextlib.suppress(FileNotFoundError):
+                segment.unlink()
+            link.close()
+            raise
+        self.max_entry_bytes = int(reply["max_entry_bytes"])
+        return native
 
     # -- namespaces ---------------------------------------------------------
 
@@ -101,9 +144,13 @@ class Engine:
             if handle is None:
                 handle = NamespaceHandle(db, coll)
                 try:
-                    handle.ns_idx, handle.db_idx = self.native.register(db, coll)
-                except ValueError:
-                    handle.unavailable = True  # table full or name too long
+                    if self.link is None:
+                        handle.ns_idx, handle.db_idx = self.native.register(db, coll)
+                    else:
+                        reply = self.link.request("register", db=db, coll=coll)
+                        handle.ns_idx, handle.db_idx = int(reply["ns_idx"]), int(reply["db_idx"])
+                except (ValueError, SharedCacheError):
+                    handle.unavailable = True  # table full, name too long, owner gone
                 self._namespaces[key] = handle
         return handle
 
@@ -165,10 +212,11 @@ class Engine:
     def admit(self, plan: FindOnePlan, token: bytes, raw: Any) -> None:
         """Admit a miss's raw result (a RawBSONDocument or None)."""
         value = None if raw is None else raw.raw
-        if value is not None and len(value) > self.config.max_entry_bytes:
+        if value is not None and len(value) > self.max_entry_bytes:
             self._count_reject(RejectReason.OVERSIZE)
             return
-        # Rejections by the arena are counted there (see snapshot()).
+        # Rejections by the arena are counted there (see snapshot()); a
+        # worker's ring counts what it had to drop.
         self.native.admit(token, KIND_FIND_ONE, plan.filter_bytes, plan.rest, value)
 
     # -- state --------------------------------------------------------------
@@ -197,6 +245,8 @@ class Engine:
         ):
             if stats[name]:
                 rejects[reason.value] = stats[name]
+        if stats.get("ring_dropped"):
+            rejects[RejectReason.RING_FULL.value] = stats["ring_dropped"]
         return CacheSnapshot(
             hits=stats["hits"],
             misses=stats["misses"],
@@ -234,3 +284,5 @@ class Engine:
 
     def close(self) -> None:
         self.native.close()
+        if self.link is not None:
+            self.link.close()  # the owner detaches this worker's ring

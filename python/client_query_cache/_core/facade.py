@@ -14,6 +14,7 @@ from .engine import Engine
 from .errors import CacheConfigurationError
 from .read import CollectionCore
 from .snapshot import CacheSnapshot
+from .shared import OwnerLink, deployment_of_client, validate_name
 from .uri import stream_uri_for
 
 __all__ = ["ManagerBase", "DatabaseBase", "CollectionBase"]
@@ -112,6 +113,7 @@ class ManagerBase:
         max_await_time_ms: int = 1000,
         slot_count: int | None = None,
         stream_uri: str | None = None,
+        shared: str | None = None,
     ) -> None:
         if not isinstance(client, self._client_type):
             raise CacheConfigurationError(
@@ -128,7 +130,13 @@ class ManagerBase:
             stream_uri=stream_uri,
         )
         self._client = client
-        self._engine = Engine(self._config, stream_uri or stream_uri_for(client))
+        if shared is None:
+            self._engine = Engine(self._config, stream_uri or stream_uri_for(client))
+        else:
+            # The owner's geometry and streams apply; this process reads its
+            # arena and pushes admissions to it.
+            link = OwnerLink(validate_name(shared))
+            self._engine = Engine(self._config, None, link=link, deployment=deployment_of_client(client))
 
     @property
     def client(self) -> Any:

@@ -58,6 +58,8 @@ class RejectReason(str, enum.Enum):
     TOO_LARGE = "too_large"
     #: No free slot within the probe limit of the entry table.
     NO_SLOT = "no_slot"
+    #: A shared-cache worker's admission ring was full (the owner lags).
+    RING_FULL = "ring_full"
 
 
 class StreamState(str, enum.Enum):

@@ -1,0 +1,287 @@
+/*
+ * owner.c - see owner.h.
+ */
+#include "owner.h"
+#include "keys.h"
+#include "ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_RINGS 256u
+
+typedef struct {
+   uint32_t id; /* 0: free */
+   void *mem;
+   uint64_t size;
+   char *path;
+} ring_slot_t;
+
+struct cqc_owner {
+   cqc_writer_t w;
+   pthread_t thread;
+   bool thread_started;
+   pthread_mutex_t mu; /* guards rings, stop, stats */
+   bool stop;
+   ring_slot_t rings[MAX_RINGS];
+   uint32_t next_id;
+   cqc_owner_stats_t stats;
+   uint8_t *keybuf; /* the drain thread's key buffer */
+   size_t keycap;
+};
+
+/* ======================================================================== */
+/* Admission of one record                                                  */
+/* ======================================================================== */
+
+static void
+admit_record (void *ctx, const cqc_ring_record_t *rec)
+{
+   cqc_owner_t *o = ctx;
+   cqc_arena_t *a = o->w.arena;
+   cqc_token_t tok = rec->token;
+   uint64_t id_hash;
+   uint32_t cell = CQC_NO_CELL;
+   size_t klen = CQC_KEY_FIXED + (size_t) rec->flen + rec->rlen;
+
+   o->stats.records++;
+   /* The token came from a worker: its indexes must be in range and its
+    * identity cell the one its filter maps to. */
+   if (tok.ns_idx >= a->hdr->geo.ns_count || tok.db_idx >= a->hdr->geo.db_count) {
+      return;
+   }
+   if (cqc_filter_identity (rec->filter, rec->flen, &id_hash)) {
+      cell = cqc_id_cell (id_hash, tok.ns_idx, a->hdr->geo.idgen_count);
+   }
+   if (cell != tok.id_cell || (rec->not_found && rec->vlen)) {
+      return;
+   }
+   if (klen > o->keycap) {
+      uint8_t *nb = realloc (o->keybuf, klen);
+      if (!nb) {
+         return;
+      }
+      o->keybuf = nb;
+      o->keycap = klen;
+   }
+   cqc_key_write (o->keybuf, rec->kind, tok.ns_idx, rec->filter, rec->flen, rec->rest, rec->rlen);
+   pthread_mutex_lock (o->w.lock);
+   cqc_arena_w_admit (a, &tok, cqc_hash_bytes (o->keybuf, klen, 0), o->keybuf, (uint32_t) klen,
+                      rec->not_found ? NULL : rec->value, rec->not_found ? 0 : rec->vlen,
+                      rec->not_found ? CQC_ENTRY_NOT_FOUND : 0);
+   pthread_mutex_unlock (o->w.lock);
+}
+
+/* ======================================================================== */
+/* The drain thread                                                         */
+/* ======================================================================== */
+
+static void
+sleep_ns (uint64_t ns)
+{
+   struct timespec ts = {.tv_sec = (time_t) (ns / 1000000000ull),
+                         .tv_nsec = (long) (ns % 1000000000ull)};
+   nanosleep (&ts, NULL);
+}
+
+static void *
+drain_main (void *arg)
+{
+   cqc_owner_t *o = arg;
+   uint64_t idle_ns = 20000, last_beat = 0;
+
+   for (;;) {
+      uint64_t n = 0, now;
+      uint32_t i;
+
+      pthread_mutex_lock (&o->mu);
+      if (o->stop) {
+         pthread_mutex_unlock (&o->mu);
+         break;
+      }
+      for (i = 0; i < MAX_RINGS; i++) {
+         if (o->rings[i].id) {
+            n += cqc_ring_drain (o->rings[i].mem, o->rings[i].size, admit_record, o);
+         }
+      }
+      pthread_mutex_unlock (&o->mu);
+
+      now = cqc_now_ns ();
+      if (now - last_beat >= CQC_HEARTBEAT_PERIOD_NS) {
+         __atomic_store_n (&o->w.arena->hdr->heartbeat_ns, now, __ATOMIC_RELEASE);
+         last_beat = now;
+      }
+      if (n) {
+         idle_ns = 20000;
+      } else {
+         sleep_ns (idle_ns);
+         idle_ns = idle_ns * 2 > 1000000 ? 1000000 : idle_ns * 2;
+      }
+   }
+   return NULL;
+}
+
+/* ======================================================================== */
+/* Public API                                                               */
+/* ======================================================================== */
+
+cqc_owner_t *
+cqc_owner_start (cqc_writer_t *w, char *err, size_t errlen)
+{
+   cqc_owner_t *o = calloc (1, sizeof *o);
+   if (!o) {
+      snprintf (err, errlen, "out of memory");
+      return NULL;
+   }
+   o->w = *w;
+   o->next_id = 1;
+   pthread_mutex_init (&o->mu, NULL);
+   __atomic_store_n (&w->arena->hdr->heartbeat_ns, cqc_now_ns (), __ATOMIC_RELEASE);
+   if (pthread_create (&o->thread, NULL, drain_main, o) != 0) {
+      snprintf (err, errlen, "could not start the drain thread");
+      cqc_owner_destroy (o);
+      return NULL;
+   }
+   o->thread_started = true;
+   return o;
+}
+
+uint32_t
+cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
+{
+   struct stat st;
+   void *mem = MAP_FAILED;
+   char *copy = NULL;
+   uint32_t i, id = 0;
+   int fd = open (path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+
+   if (fd < 0) {
+      snprintf (err, errlen, "cannot open the worker's ring: %s", strerror (errno));
+      goto cleanup;
+   }
+   if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode) || st.st_uid != getuid () ||
+       (st.st_mode & 077) != 0) {
+      snprintf (err, errlen, "the worker's ring is not a private file of this user");
+      goto cleanup;
+   }
+   if (st.st_size < (off_t) (CQC_RING_DATA_OFF + 4096u) || st.st_size > (off_t) (1u << 30)) {
+      snprintf (err, errlen, "the worker's ring has an invalid size");
+      goto cleanup;
+   }
+   mem = mmap (NULL, (size_t) st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+   if (mem == MAP_FAILED) {
+      snprintf (err, errlen, "cannot map the worker's ring: %s", strerror (errno));
+      goto cleanup;
+   }
+   if (!cqc_ring_check (mem, (uint64_t) st.st_size)) {
+      snprintf (err, errlen, "the worker's ring is not formatted");
+      goto cleanup;
+   }
+   copy = strdup (path);
+   if (!copy) {
+      snprintf (err, errlen, "out of memory");
+      goto cleanup;
+   }
+   pthread_mutex_lock (&o->mu);
+   for (i = 0; i < MAX_RINGS; i++) {
+      if (!o->rings[i].id) {
+         id = o->next_id++;
+         o->rings[i].id = id;
+         o->rings[i].mem = mem;
+         o->rings[i].size = (uint64_t) st.st_size;
+         o->rings[i].path = copy;
+         o->stats.rings++;
+         mem = MAP_FAILED;
+         copy = NULL;
+         break;
+      }
+   }
+   pthread_mutex_unlock (&o->mu);
+   if (!id) {
+      snprintf (err, errlen, "too many attached workers (%u)", MAX_RINGS);
+   }
+cleanup:
+   if (mem != MAP_FAILED) {
+      munmap (mem, (size_t) st.st_size);
+   }
+   free (copy);
+   if (fd >= 0) {
+      close (fd);
+   }
+   return id;
+}
+
+static void
+release_ring_locked (cqc_owner_t *o, ring_slot_t *r)
+{
+   const cqc_ring_header_t *h = r->mem;
+   cqc_ring_drain (r->mem, r->size, admit_record, o);
+   o->stats.dropped += __atomic_load_n (&h->dropped, __ATOMIC_ACQUIRE);
+   o->stats.malformed += h->malformed;
+   munmap (r->mem, (size_t) r->size);
+   unlink (r->path);
+   free (r->path);
+   memset (r, 0, sizeof *r);
+   o->stats.rings--;
+}
+
+void
+cqc_owner_detach (cqc_owner_t *o, uint32_t id)
+{
+   uint32_t i;
+   pthread_mutex_lock (&o->mu);
+   for (i = 0; i < MAX_RINGS; i++) {
+      if (id && o->rings[i].id == id) {
+         release_ring_locked (o, &o->rings[i]);
+         break;
+      }
+   }
+   pthread_mutex_unlock (&o->mu);
+}
+
+void
+cqc_owner_get_stats (cqc_owner_t *o, cqc_owner_stats_t *out)
+{
+   uint32_t i;
+   pthread_mutex_lock (&o->mu);
+   *out = o->stats;
+   for (i = 0; i < MAX_RINGS; i++) {
+      if (o->rings[i].id) {
+         const cqc_ring_header_t *h = o->rings[i].mem;
+         out->dropped += __atomic_load_n (&h->dropped, __ATOMIC_ACQUIRE);
+         out->malformed += h->malformed;
+      }
+   }
+   pthread_mutex_unlock (&o->mu);
+}
+
+void
+cqc_owner_destroy (cqc_owner_t *o)
+{
+   uint32_t i;
+   if (!o) {
+      return;
+   }
+   pthread_mutex_lock (&o->mu);
+   o->stop = true;
+   pthread_mutex_unlock (&o->mu);
+   if (o->thread_started) {
+      pthread_join (o->thread, NULL);
+   }
+   for (i = 0; i < MAX_RINGS; i++) {
+      if (o->rings[i].id) {
+         release_ring_locked (o, &o->rings[i]);
+      }
+   }
+   pthread_mutex_destroy (&o->mu);
+   free (o->keybuf);
+   free (o);
+}

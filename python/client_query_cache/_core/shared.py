@@ -1,0 +1,194 @@
+"""Shared cache plumbing: names, the per-user runtime directory, the control
+protocol between workers and the owner, and a worker's link to its owner.
+
+Files of a shared cache ``NAME`` live in one directory per user, created
+owner-only (0700) and checked on every use (owned by this uid, no access for
+others): ``$CQC_RUNTIME_DIR`` if set, else ``/dev/shm/client-query-cache-UID``.
+
+    NAME.arena            the arena, created by the owner (0600), mapped
+                          read-only by workers
+    NAME.sock             the owner's control socket (peer uid checked)
+    NAME.lock             held (flock) by the running owner
+    NAME.w<pid>-<hex>.ring  one worker's admission ring (0600), created by the
+                          worker, mapped by the owner, removed on detach
+
+Control protocol: one JSON object per line each way. Requests: ``hello``
+(attach a ring, check the deployment), ``register`` (a namespace: the owner
+starts the database's stream), ``snapshot`` (group statistics), ``stop``.
+Credentials never cross it: the owner gets its connection string on stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .errors import CacheConfigurationError, CacheError
+
+__all__ = [
+    "SharedCacheError",
+    "validate_name",
+    "runtime_dir",
+    "paths_for",
+    "deployment_of_client",
+    "deployment_of_uri",
+    "same_deployment",
+    "send_message",
+    "recv_message",
+    "OwnerLink",
+]
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: Bytes of a worker's admission ring.
+DEFAULT_RING_BYTES = 4 * 1024 * 1024
+
+
+class SharedCacheError(CacheError, RuntimeError):
+    """The shared cache's owner cannot be reached, started or trusted."""
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in {".", ".."}:
+        raise CacheConfigurationError(
+            "shared cache name must match [A-Za-z0-9_.-]{1,64}, got " + repr(name)
+        )
+    return name
+
+
+def runtime_dir(create: bool) -> Path:
+    """The per-user directory of shared caches, checked for ownership."""
+    base = os.environ.get("CQC_RUNTIME_DIR") or f"/dev/shm/client-query-cache-{os.getuid()}"
+    path = Path(base)
+    if create:
+        try:
+            path.mkdir(mode=0o700, parents=False)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            path.mkdir(mode=0o700, parents=True)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        raise SharedCacheError(f"no shared cache runs for this user ({path} does not exist)") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SharedCacheError(
+            f"{path} must be a directory owned by uid {os.getuid()} with mode 0700; refusing to use it"
+        )
+    return path
+
+
+def paths_for(name: str, create: bool = False) -> dict[str, Path]:
+    d = runtime_dir(create)
+    return {
+        "dir": d,
+        "arena": d / f"{name}.arena",
+        "sock": d / f"{name}.sock",
+        "lock": d / f"{name}.lock",
+    }
+
+
+def ring_path(name: str) -> Path:
+    return runtime_dir(False) / f"{name}.w{os.getpid()}-{secrets.token_hex(4)}.ring"
+
+
+# -- deployment identity ----------------------------------------------------
+
+
+def _normalize(hosts: Iterable[tuple[str, int]]) -> list[str]:
+    return sorted(f"{h.lower()}:{int(p)}" for h, p in hosts)
+
+
+def deployment_of_client(client: Any) -> dict[str, Any]:
+    """Seeds and replica set name of a (sync or async) PyMongo client."""
+    settings = client._topology_settings
+    return {"hosts": _normalize(settings.seeds), "replica_set": settings.replica_set_name}
+
+
+def deployment_of_uri(uri: str) -> dict[str, Any]:
+    from pymongo.uri_parser import parse_uri
+
+    parsed = parse_uri(uri)
+    options = parsed.get("options") or {}
+    replica_set = next((v for k, v in options.items() if k.lower() == "replicaset"), None)
+    return {"hosts": _normalize(parsed["nodelist"]), "replica_set": replica_set}
+
+
+def same_deployment(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same replica set name (or neither has one) and at least one seed in common."""
+    return a.get("replica_set") == b.get("replica_set") and bool(set(a["hosts"]) & set(b["hosts"]))
+
+
+# -- messages ---------------------------------------------------------------
+
+
+def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(message).encode() + b"\n")
+
+
+def recv_message(reader: Any) -> dict[str, Any] | None:
+    """One message from ``sock.makefile("rb")``; None at end of stream."""
+    line = reader.readline(1 << 20)
+    if not line:
+        return None
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("a control message must be a JSON object")
+    return message
+
+
+def peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class OwnerLink:
+    """A worker's connection to its owner: the control socket (kept open for
+    the worker's life; the owner detaches the worker when it closes) and the
+    request/response exchange over it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = validate_name(name)
+        self.paths = paths_for(name)
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(30.0)
+            self._sock.connect(str(self.paths["sock"]))
+            if peer_uid(self._sock) != os.getuid():
+                raise SharedCacheError(f"the owner of {name!r} runs as another user; refusing to attach")
+        except OSError as exc:
+            self._sock.close()
+            raise SharedCacheError(f"no owner of shared cache {name!r} answers: {exc}") from None
+        except BaseException:
+            self._sock.close()
+            raise
+        self._reader = self._sock.makefile("rb")
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        with self._lock:
+            try:
+                send_message(self._sock, {"op": op, **fields})
+                reply = recv_message(self._reader)
+            except (OSError, ValueError) as exc:
+                raise SharedCacheError(f"the owner of {self.name!r} did not answer: {exc}") from None
+        if reply is None:
+            raise SharedCacheError(f"the owner of {self.name!r} closed the connection")
+        if not reply.get("ok"):
+            raise SharedCacheError(str(reply.get("error", "the owner refused the request")))
+        return reply
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        finally:
+            self._sock.close()

@@ -1,0 +1,229 @@
+"""The shared cache's owner process.
+
+    python -m client_query_cache.owner  reads its JSON
+                                        configuration (connection string
+                                        included) from stdin, so credentials
+                                        never appear on a command line
+
+The owner creates the arena in shared memory, follows one change stream per
+database that any worker uses, drains the workers' admission rings (a C
+thread), publishes a heartbeat, and answers control requests. Workers attach
+with ``CacheManager(client, shared=name)``; ``SharedCache.start()`` starts
+this process and waits until it serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from bson.objectid import ObjectId
+
+from . import _native
+from ._core.engine import decode_bson
+from ._core.errors import CacheClosedError, CacheForkedError
+from ._core.shared import (
+    SharedCacheError,
+    deployment_of_uri,
+    paths_for,
+    peer_uid,
+    recv_message,
+    same_deployment,
+    send_message,
+    validate_name,
+)
+
+__all__ = ["main"]
+
+#: Workers consider the owner gone once its heartbeat is this old.
+HEARTBEAT_TIMEOUT_MS = 1000
+
+
+# ============================================================================
+# The owner process
+# ============================================================================
+
+
+class _Owner:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.name = validate_name(config["name"])
+        self.uri = config["uri"]
+        self.deployment = deployment_of_uri(self.uri)
+        self.max_entry_bytes = int(config["max_entry_bytes"])
+        self.max_await_time_ms = int(config["max_await_time_ms"])
+        self.paths = paths_for(self.name, create=True)
+        self.started = time.monotonic()
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.workers = 0
+        self._lock_fd = os.open(self.paths["lock"], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise SharedCacheError(f"an owner of {self.name!r} is already running") from None
+        # Holding the lock: whatever files are left are a dead owner's.
+        for key in ("arena", "sock"):
+            with contextlib.suppress(FileNotFoundError):
+                self.paths[key].unlink()
+        self.native = _native.Cache(
+            budget_bytes=int(config["budget_bytes"]),
+            slot_count=int(config["slots"]),
+            uri=self.uri,
+            max_await_time_ms=self.max_await_time_ms,
+            decode=decode_bson,
+            objectid_type=ObjectId,
+            closed_error=CacheClosedError,
+            forked_error=CacheForkedError,
+            mode=_native.MODE_OWNER,
+            arena_path=str(self.paths["arena"]),
+            heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+            arena_bytes=int(config.get("arena_bytes") or 0),
+        )
+        old = os.umask(0o177)
+        try:
+            self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.server.bind(str(self.paths["sock"]))
+        finally:
+            os.umask(old)
+        self.server.listen(64)
+
+    # -- requests -------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        stats = self.native.stats()
+        streams = self.native.streams()
+        return {
+            "arena_bytes": stats["arena_bytes"],
+            "used_bytes": stats["used_bytes"],
+            "budget_bytes": stats["budget_bytes"],
+            "entries": stats["entries"],
+            "evictions": stats["evictions"],
+            "invalidations": stats["invalidations"],
+            "admissions_accepted": stats["admissions"],
+            "admissions_rejected": {
+                "stale": stats["rejected_stale"],
+                "unhealthy": stats["rejected_unhealthy"],
+                "too_large": stats["rejected_too_large"],
+                "no_slot": stats["rejected_no_slot"],
+            },
+            "admissions_dropped": stats["ring_dropped"],
+            "attached_workers": stats["attached_rings"],
+            "active_streams": sum(1 for s in streams if s["state"] not in ("closed", "not_started")),
+            "streams": [
+                {k: s[k] for k in ("database", "state", "events", "reconnects", "history_lost")}
+                for s in streams
+            ],
+            "owner_pid": os.getpid(),
+            "owner_uptime_s": time.monotonic() - self.started,
+        }
+
+    def handle(self, conn: socket.socket) -> None:
+        ring_id = 0
+        try:
+            if peer_uid(conn) != os.getuid():
+                return  # another user: say nothing
+            reader = conn.makefile("rb")
+            while True:
+                try:
+                    msg = recv_message(reader)
+                except (OSError, ValueError):
+                    break
+                if msg is None:
+                    break
+                op = msg.get("op")
+                try:
+                    if op == "hello":
+                        if not same_deployment(msg.get("deployment") or {}, self.deployment):
+                            raise SharedCacheError(
+                                "the worker's client and the owner follow different deployments"
+                            )
+                        if ring_id:
+                            raise SharedCacheError("already attached")
+                        ring_id = self.native.attach_ring(str(msg["segment"]))
+                        with self.lock:
+                            self.workers += 1
+                        reply = {
+                            "ok": True,
+                            "arena": str(self.paths["arena"]),
+                            "geometry": self.native.geometry(),
+                            "max_entry_bytes": self.max_entry_bytes,
+                            "max_await_time_ms": self.max_await_time_ms,
+                        }
+                    elif op == "register":
+                        ns_idx, db_idx = self.native.register(str(msg["db"]), str(msg["coll"]))
+                        reply = {"ok": True, "ns_idx": ns_idx, "db_idx": db_idx}
+                    elif op == "snapshot":
+                        reply = {"ok": True, "snapshot": self.snapshot()}
+                    elif op == "stop":
+                        send_message(conn, {"ok": True})
+                        self.stopping.set()
+                        break
+                    else:
+                        raise SharedCacheError(f"unknown request {op!r}")
+                except (SharedCacheError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+                    reply = {"ok": False, "error": str(exc)}
+                send_message(conn, reply)
+        except OSError:
+            pass
+        finally:
+            if ring_id:
+                self.native.detach_ring(ring_id)
+                with self.lock:
+                    self.workers -= 1
+            conn.close()
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.server.settimeout(0.2)
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            conn.settimeout(None)
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def close(self) -> None:
+        self.server.close()
+        for key in ("sock", "arena"):
+            with contextlib.suppress(FileNotFoundError):
+                self.paths[key].unlink()
+        self.native.close()
+        os.close(self._lock_fd)
+
+
+def main() -> int:
+    try:
+        config = json.loads(sys.stdin.readline())
+        owner = _Owner(config)
+    except Exception as exc:  # reported to the starter, which raises it
+        message = f"{type(exc).__name__}: {exc}"
+        uri = config.get("uri") if isinstance(locals().get("config"), dict) else None
+        if isinstance(uri, str) and uri and (uri in message or "@" in message):
+            message = "invalid configuration (the message could reveal the connection string)"
+        print(json.dumps({"ready": False, "error": message}), flush=True)
+        return 3
+    signal.signal(signal.SIGTERM, lambda *_: owner.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: owner.stopping.set())
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+    try:
+        owner.serve()
+    finally:
+        owner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
