@@ -16,7 +16,11 @@ Quantiles are nearest-rank. Setup and warm-up are outside the timed region;
 every sampled result is checked against the expected document after its stop
 timestamp, and every timed cache read must have been a hit.
 
-    python -m benchmarks.hit_path [--quick] [--json PATH]
+With ``--shared``, a fourth loop interleaves decode, a process-local hit, a
+shared-cache hit (this process attached as a worker to an owner process) and a
+direct read.
+
+    python -m benchmarks.hit_path [--quick] [--shared] [--json PATH]
 
 Uses the disposable server unless MONGODB_URI names a deployment.
 """
@@ -26,15 +30,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import bson
 import pymongo
 
-from client_query_cache import AsyncCacheManager, CacheManager
+from client_query_cache import AsyncCacheManager, CacheManager, SharedCache
+from client_query_cache._core.config import MiB
 from client_query_cache._core.engine import decode_bson
 from client_query_cache.testing import disposable_uri
 
@@ -100,7 +107,81 @@ async def _measure_async(
     return t_decode, t_hit, t_direct, mismatches, hits
 
 
-def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
+def _interleave(
+    order: list[int],
+    expected: list[Any],
+    raw_by_id: dict[int, bytes],
+    ops: list[tuple[str, Callable[[dict[str, Any], bytes], Any]]],
+) -> tuple[dict[str, list[int]], int]:
+    """Time each op once per sample and check every result after its stop
+    timestamp. The order of the ops rotates from sample to sample, so each op
+    runs in each position (first after the previous sample, after the
+    decode, ...) equally often. Returns samples per op and mismatches."""
+    times: dict[str, list[int]] = {name: [] for name, _ in ops}
+    clock = time.perf_counter_ns
+    mismatches = 0
+    rotations = [ops[k:] + ops[:k] for k in range(len(ops))]
+    gc.collect()
+    for n, i in enumerate(order):
+        want = expected[i]
+        raw = raw_by_id[i]
+        filt = {"_id": i}
+        for name, fn in rotations[n % len(ops)]:
+            t0 = clock()
+            got = fn(filt, raw)
+            t1 = clock()
+            times[name].append(t1 - t0)
+            mismatches += got != want
+            del got
+    return times, mismatches
+
+
+def _measure_shared(
+    uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int]
+) -> tuple[dict[str, list[int]], int, int]:
+    """decode, process-local hit, shared hit, direct read, interleaved; the
+    shared cache's owner uses the public benchmark's geometry (32 MiB budget,
+    40 MiB arena, 16,384 slots)."""
+    name = f"hitpath-{os.getpid()}"
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    coll = client[db_name]["docs"]
+    codec = coll.codec_options
+    owner = SharedCache.start(name, uri, arena_bytes=40 * MiB, budget_bytes=32 * MiB, slots=16384)
+    try:
+        with CacheManager(client) as local, CacheManager(client, shared=name) as shared:
+            local_docs = local[db_name]["docs"]
+            shared_docs = shared[db_name]["docs"]
+            if not (local.wait_ready(30) and shared.wait_ready(30)):
+                raise RuntimeError("the change streams did not become ready")
+            for d in expected:
+                local_docs.find_one({"_id": d["_id"]})
+                shared_docs.find_one({"_id": d["_id"]})
+            # The owner admits a worker's misses asynchronously: wait for them.
+            deadline = time.monotonic() + 30
+            while owner.snapshot()["entries"] < len(expected):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the owner did not admit the warm-up reads")
+                time.sleep(0.05)
+            before = shared.snapshot().hits
+            times, mismatches = _interleave(
+                order,
+                expected,
+                raw_by_id,
+                [
+                    ("decode", lambda f, raw: decode_bson(raw, codec)),
+                    ("local_hit", lambda f, raw: local_docs.find_one(f)),
+                    ("shared_hit", lambda f, raw: shared_docs.find_one(f)),
+                    ("direct", lambda f, raw: coll.find_one(f)),
+                ],
+            )
+            hits = shared.snapshot().hits - before
+    finally:
+        owner.stop()
+        client.close()
+    return times, mismatches, hits
+
+
+def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str, Any]:
     rng = random.Random(seed)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     db_name = f"cqc_bench_hit_{int(time.time())}_{rng.randint(0, 10**6)}"
@@ -131,42 +212,31 @@ def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
             setup_seconds = time.perf_counter() - setup_started
 
             order = [rng.randrange(docs) for _ in range(samples)]
-            t_decode: list[int] = []
-            t_hit: list[int] = []
-            t_direct: list[int] = []
-            clock = time.perf_counter_ns
-            mismatches = 0
-            gc.collect()
-            for n, i in enumerate(order):
-                want = expected[i]
-                raw = raw_by_id[i]
-                filt = {"_id": i}
-
-                t0 = clock()
-                a = decode_bson(raw, codec)
-                t1 = clock()
-                t_decode.append(t1 - t0)
-                mismatches += a != want
-
-                t0 = clock()
-                b = cached.find_one(filt)
-                t1 = clock()
-                t_hit.append(t1 - t0)
-                mismatches += b != want
-
-                t0 = clock()
-                c = coll.find_one(filt)
-                t1 = clock()
-                t_direct.append(t1 - t0)
-                mismatches += c != want
-
-                if n % 2000 == 1999:
-                    progress(f"  {n + 1}/{samples} samples")
+            times, mismatches = _interleave(
+                order,
+                expected,
+                raw_by_id,
+                [
+                    ("decode", lambda f, raw: decode_bson(raw, codec)),
+                    ("hit", lambda f, raw: cached.find_one(f)),
+                    ("direct", lambda f, raw: coll.find_one(f)),
+                ],
+            )
+            t_decode, t_hit, t_direct = times["decode"], times["hit"], times["direct"]
             after = manager.snapshot()
         progress("measuring the async columns...")
         a_decode, a_hit, a_direct, a_mismatches, a_hits = asyncio.run(
             _measure_async(uri, db_name, expected, raw_by_id, order)
         )
+        shared_times: dict[str, list[int]] = {}
+        if shared:
+            progress("measuring the shared cache...")
+            shared_times, s_mismatches, s_hits = _measure_shared(uri, db_name, expected, raw_by_id, order)
+            if s_mismatches or s_hits != samples:
+                raise RuntimeError(
+                    f"shared verification failed: {s_mismatches} mismatches, {s_hits} shared hits "
+                    f"for {samples} reads"
+                )
     finally:
         client.drop_database(db_name)
         client.close()
@@ -184,10 +254,11 @@ def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
         )
     decode, hit, direct = summarize(t_decode), summarize(t_hit), summarize(t_direct)
     adecode, ahit, adirect = summarize(a_decode), summarize(a_hit), summarize(a_direct)
-    return {
+    report = {
         "schema": SCHEMA,
         "method": {
-            "interleaving": "decode, hit, direct per sample, random document order",
+            "interleaving": "decode, hit, direct per sample, their order rotating from "
+            "sample to sample (async: fixed order), random document order",
             "quantiles": "nearest rank: index ceil(p/100*n)-1 of sorted samples",
             "timer": "time.perf_counter_ns around each call",
             "decode": "bson._bson_to_dict(raw, collection.codec_options)",
@@ -228,6 +299,17 @@ def _run(uri: str, docs: int, samples: int, seed: int) -> dict[str, Any]:
             "timed_misses": timed_misses,
         },
     }
+    if shared_times:
+        sh = {f"shared_{k}" if not k.startswith("shared") else k: summarize(v) for k, v in shared_times.items()}
+        report["results"].update(sh)
+        report["ratios"]["shared_hit_over_decode_p50"] = sh["shared_hit"]["p50_us"] / sh["shared_decode"]["p50_us"]
+        report["ratios"]["shared_over_local_p50"] = sh["shared_hit"]["p50_us"] / sh["shared_local_hit"]["p50_us"]
+        report["ratios"]["shared_hit_over_direct_p50"] = sh["shared_hit"]["p50_us"] / sh["shared_direct"]["p50_us"]
+        report["method"]["shared"] = (
+            "a fourth loop interleaves decode, process-local hit, shared hit (this process "
+            "attached as a worker to an owner process) and direct read"
+        )
+    return report
 
 
 def uri_is_external() -> bool:
@@ -243,7 +325,7 @@ def _print(report: dict[str, Any]) -> None:
         f"{cfg['samples']} interleaved samples per operation"
     )
     print(f"{'operation':<14} {'p50 us':>10} {'p95 us':>10} {'p99 us':>10}")
-    for name in ("decode", "hit", "direct", "async_decode", "async_hit", "async_direct"):
+    for name in report["results"]:
         r = report["results"][name]
         print(f"{name:<14} {r['p50_us']:>10.2f} {r['p95_us']:>10.2f} {r['p99_us']:>10.2f}")
     ratios = report["ratios"]
@@ -251,6 +333,9 @@ def _print(report: dict[str, Any]) -> None:
     print(f"hit/direct p50: {ratios['hit_over_direct_p50']:.4f}")
     print(f"async hit/decode p50: {ratios['async_hit_over_decode_p50']:.3f}")
     print(f"async hit/direct p50: {ratios['async_hit_over_direct_p50']:.4f}")
+    if "shared_over_local_p50" in ratios:
+        print(f"shared hit/decode p50: {ratios['shared_hit_over_decode_p50']:.3f}")
+        print(f"shared/local hit p50: {ratios['shared_over_local_p50']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,12 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=20261203)
+    parser.add_argument(
+        "--shared", action="store_true", help="also measure a shared-cache hit (starts an owner)"
+    )
     args = parser.parse_args(argv)
     samples = args.samples or (2000 if args.quick else 20000)
     progress("starting the server (or using MONGODB_URI)...")
     with disposable_uri() as uri:
         progress(f"measuring {samples} samples...")
-        report = _run(uri, args.documents, samples, args.seed)
+        report = _run(uri, args.documents, samples, args.seed, args.shared)
     report["mode"] = "quick" if args.quick else "full"
     _print(report)
     if args.json:

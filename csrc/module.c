@@ -374,28 +374,54 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
    return 0;
 }
 
-/* Stop every follower; the GIL is released while threads finish. */
+/* Stop every follower; the GIL is released while threads finish. The
+ * pointers are cleared first (with the GIL), so a concurrent streams() never
+ * sees a follower being freed; their final info is published afterwards. */
 static void
 stop_streams (CacheObject *self)
 {
    uint32_t i, n = self->arena.hdr ? self->arena.hdr->geo.db_count : 0;
-   if (!self->streams) {
+   cqc_stream_t **stopping;
+   cqc_stream_info_t *info;
+
+   if (!self->streams || !self->final_info) {
+      return;
+   }
+   stopping = PyMem_Calloc (n ? n : 1, sizeof *stopping);
+   info = PyMem_Calloc (n ? n : 1, sizeof *info);
+   if (!stopping || !info) {
+      /* Without memory for the copies, stop the followers in place. */
+      PyMem_Free (stopping);
+      PyMem_Free (info);
+      for (i = 0; i < n; i++) {
+         cqc_stream_t *st = self->streams[i];
+         self->streams[i] = NULL;
+         cqc_stream_destroy (st);
+      }
       return;
    }
    for (i = 0; i < n; i++) {
-      if (self->streams[i]) {
-         cqc_stream_signal_stop (self->streams[i]);
+      stopping[i] = self->streams[i];
+      self->streams[i] = NULL;
+      if (stopping[i]) {
+         cqc_stream_signal_stop (stopping[i]);
       }
    }
    Py_BEGIN_ALLOW_THREADS
    for (i = 0; i < n; i++) {
-      if (self->streams[i]) {
-         cqc_stream_destroy_keep_info (self->streams[i], &self->final_info[i]);
-         self->final_info[i].state = CQC_STREAM_CLOSED;
-         self->streams[i] = NULL;
+      if (stopping[i]) {
+         cqc_stream_destroy_keep_info (stopping[i], &info[i]);
+         info[i].state = CQC_STREAM_CLOSED;
       }
    }
    Py_END_ALLOW_THREADS
+   for (i = 0; i < n; i++) {
+      if (stopping[i]) {
+         self->final_info[i] = info[i];
+      }
+   }
+   PyMem_Free (stopping);
+   PyMem_Free (info);
 }
 
 static void

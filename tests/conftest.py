@@ -1,5 +1,7 @@
 """Shared fixtures: one database server per test session, a client per test,
 cache managers closed at teardown (helpers for polling are in support.py).
+The async fixtures (pytest-asyncio, ``asyncio_mode = "auto"``) mirror the sync
+ones with an ``AsyncMongoClient`` bound to the test's event loop.
 
 The server is a disposable local SecantusDB, or the deployment named by the
 environment variable MONGODB_URI (see client_query_cache.testing).
@@ -8,13 +10,13 @@ environment variable MONGODB_URI (see client_query_cache.testing).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pymongo
 import pytest
 
-from client_query_cache import CacheManager
+from client_query_cache import AsyncCacheManager, CacheManager
 from client_query_cache.testing import disposable_uri
 from support import TEST_MAX_AWAIT_MS
 
@@ -81,3 +83,45 @@ def make_manager(client: pymongo.MongoClient) -> Iterator[Callable[..., CacheMan
 def manager(make_manager: Callable[..., CacheManager]) -> CacheManager:
     """A manager over ``client`` with the test settings, closed at teardown."""
     return make_manager()
+
+
+# -- async clients and managers ------------------------------------------------
+
+@pytest.fixture
+async def async_client(server_uri: str) -> AsyncIterator[pymongo.AsyncMongoClient]:
+    """A PyMongo ``AsyncMongoClient`` for this test, closed at teardown."""
+    mongo: pymongo.AsyncMongoClient = pymongo.AsyncMongoClient(server_uri)
+    try:
+        yield mongo
+    finally:
+        await mongo.close()
+
+
+@pytest.fixture
+async def make_async_manager(
+    async_client: pymongo.AsyncMongoClient,
+) -> AsyncIterator[Callable[..., AsyncCacheManager]]:
+    """Build async managers over ``async_client`` (or ``client=``), with
+    ``max_await_time_ms=200`` unless told otherwise; all are closed at
+    teardown."""
+    made: list[AsyncCacheManager] = []
+
+    def make(**options: Any) -> AsyncCacheManager:
+        options.setdefault("max_await_time_ms", TEST_MAX_AWAIT_MS)
+        owner = options.pop("client", async_client)
+        cache = AsyncCacheManager(owner, **options)
+        made.append(cache)
+        return cache
+
+    try:
+        yield make
+    finally:
+        for cache in made:
+            await cache.close()
+
+
+@pytest.fixture
+def async_manager(make_async_manager: Callable[..., AsyncCacheManager]) -> AsyncCacheManager:
+    """An async manager over ``async_client`` with the test settings, closed
+    at teardown."""
+    return make_async_manager()

@@ -7,11 +7,22 @@ sleeping a fixed time.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from client_query_cache import CachedCollection, CacheManager, StreamSnapshot
+import pymongo
+
+from client_query_cache import (
+    AsyncCacheManager,
+    AsyncCachedCollection,
+    CachedCollection,
+    CacheManager,
+    StreamSnapshot,
+)
 
 T = TypeVar("T")
 
@@ -44,7 +55,29 @@ def wait_until(
         time.sleep(interval)
 
 
-def stream_of(manager: CacheManager, database: str) -> StreamSnapshot:
+async def async_wait_until(
+    predicate: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = DEADLINE_S,
+    interval: float = 0.01,
+    what: str,
+) -> T:
+    """``wait_until`` for async tests: ``predicate`` may return an awaitable
+    (e.g. ``lambda: coll.find_one(...)`` wrapped in a coroutine function),
+    and the wait yields to the event loop with ``asyncio.sleep``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting until {what}")
+        await asyncio.sleep(interval)
+
+
+def stream_of(manager: CacheManager | AsyncCacheManager, database: str) -> StreamSnapshot:
     """The snapshot of ``database``'s change stream (it must exist)."""
     streams = [s for s in manager.snapshot().streams if s.database == database]
     assert len(streams) == 1, f"expected one stream for {database!r}, got {streams!r}"
@@ -57,6 +90,18 @@ def ready_collection(
     """Wrap ``db_name.coll_name`` and wait until its database's stream serves."""
     coll = manager[db_name].get_collection(coll_name, **options)
     assert manager.wait_ready(DEADLINE_S, database=db_name), (
+        f"the change stream of {db_name!r} did not become ready: {manager.snapshot()!r}"
+    )
+    return coll
+
+
+async def async_ready_collection(
+    manager: AsyncCacheManager, db_name: str, coll_name: str, **options: Any
+) -> AsyncCachedCollection:
+    """Wrap ``db_name.coll_name`` and wait (without blocking the loop) until
+    its database's stream serves."""
+    coll = manager[db_name].get_collection(coll_name, **options)
+    assert await manager.wait_ready(DEADLINE_S, database=db_name), (
         f"the change stream of {db_name!r} did not become ready: {manager.snapshot()!r}"
     )
     return coll
@@ -75,3 +120,31 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
         return ("returned", call())
     except Exception as exc:  # noqa: BLE001 - comparing behaviours
         return ("raised", type(exc), getattr(exc, "code", None))
+
+
+async def async_outcome(call: Callable[[], Awaitable[Any]]) -> tuple[Any, ...]:
+    """``outcome`` of an async read (the awaitable ``call()`` returns)."""
+    try:
+        return ("returned", await call())
+    except Exception as exc:  # noqa: BLE001 - comparing behaviours
+        return ("raised", type(exc), getattr(exc, "code", None))
+
+
+def with_app_name(uri: str, app_name: str) -> str:
+    """``uri`` with its appName option set to ``app_name``."""
+    parts = urlsplit(uri)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "appname"]
+    query.append(("appName", app_name))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def connections_named(client: pymongo.MongoClient, app_name: str) -> int:
+    """How many of the server's operations and connections (currentOp with
+    $all) announce the application name ``app_name``."""
+    ops = client.admin.command({"currentOp": 1, "$all": True})["inprog"]
+    return sum(
+        1
+        for op in ops
+        if op.get("appName") == app_name
+        or (op.get("clientMetadata") or {}).get("application", {}).get("name") == app_name
+    )

@@ -9,7 +9,6 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pymongo
 import pytest
@@ -21,7 +20,7 @@ from client_query_cache import (
     CacheManager,
     StreamState,
 )
-from support import ready_collection, wait_until
+from support import connections_named, ready_collection, wait_until, with_app_name
 
 MiB = 1024 * 1024
 
@@ -133,35 +132,18 @@ def test_a_snapshot_after_close_keeps_the_stream_counters(client, other_client, 
     assert cache.snapshot().streams[0].events == events
 
 
-def _with_app_name(uri: str, app_name: str) -> str:
-    parts = urlsplit(uri)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "appname"]
-    query.append(("appName", app_name))
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-def _connections_named(client: pymongo.MongoClient, app_name: str) -> int:
-    ops = client.admin.command({"currentOp": 1, "$all": True})["inprog"]
-    return sum(
-        1
-        for op in ops
-        if op.get("appName") == app_name
-        or (op.get("clientMetadata") or {}).get("application", {}).get("name") == app_name
-    )
-
-
 def test_close_ends_the_change_stream_connections(client, server_uri, db_name):
     app_name = f"cqc-close-{uuid.uuid4().hex[:8]}"
     cache = CacheManager(
-        client, max_await_time_ms=200, stream_uri=_with_app_name(server_uri, app_name)
+        client, max_await_time_ms=200, stream_uri=with_app_name(server_uri, app_name)
     )
     try:
         _seeded(cache, client, db_name)
-        wait_until(lambda: _connections_named(client, app_name) > 0, what="the stream connects")
+        wait_until(lambda: connections_named(client, app_name) > 0, what="the stream connects")
     finally:
         cache.close()
     wait_until(
-        lambda: _connections_named(client, app_name) == 0,
+        lambda: connections_named(client, app_name) == 0,
         what="the stream's connections are closed",
     )
 

@@ -7,7 +7,7 @@ are invalidated by following MongoDB change streams.
 """
 
 from ._core.config import CacheConfig
-from ._core.handle import SharedCache
+from ._core.handle import SharedCache, SharedCacheConfig
 from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
 from ._core.reasons import BypassReason, RejectReason, StreamState
 from ._core.shared import SharedCacheError
@@ -35,6 +35,7 @@ __all__ = [
     "CacheClosedError",
     "CacheForkedError",
     "SharedCache",
+    "SharedCacheConfig",
     "SharedCacheError",
     "__version__",
 ]

@@ -43,8 +43,9 @@ from ._core.shared import (
 
 __all__ = ["main"]
 
-#: Workers consider the owner gone once its heartbeat is this old.
-HEARTBEAT_TIMEOUT_MS = 1000
+#: Workers consider the owner gone once its heartbeat (published every
+#: 100 ms by a C thread that never waits for the GIL) is this old.
+HEARTBEAT_TIMEOUT_MS = 500
 
 
 # ============================================================================
@@ -64,6 +65,9 @@ class _Owner:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.workers = 0
+        idle = config.get("idle_exit_seconds")
+        self.idle_exit = None if idle is None else float(idle)
+        self.idle_since = time.monotonic()
         self._lock_fd = os.open(self.paths["lock"], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -179,6 +183,8 @@ class _Owner:
                 self.native.detach_ring(ring_id)
                 with self.lock:
                     self.workers -= 1
+                    if self.workers == 0:
+                        self.idle_since = time.monotonic()
             conn.close()
 
     # -- lifecycle ------------------------------------------------------------
@@ -189,6 +195,11 @@ class _Owner:
             try:
                 conn, _ = self.server.accept()
             except TimeoutError:
+                if self.idle_exit is not None:
+                    with self.lock:
+                        idle = self.workers == 0 and time.monotonic() - self.idle_since > self.idle_exit
+                    if idle:
+                        break
                 continue
             except OSError:
                 break

@@ -78,10 +78,19 @@ class Engine:
         stream_uri: str | None,
         link: OwnerLink | None = None,
         deployment: dict[str, Any] | None = None,
+        reconnect: Callable[[], OwnerLink] | None = None,
     ) -> None:
         self.config = config
         self.link = link
         self.max_entry_bytes = config.max_entry_bytes
+        #: Bumped when a worker re-attaches to a new owner; collections then
+        #: drop their namespace handles and native reference (see read.py).
+        self.generation = 0
+        self._deployment = deployment or {}
+        self._reconnect = reconnect
+        self._last_reattach = 0.0
+        self._carried = {"hits": 0, "misses": 0}
+        self._segment: Any = None
         common = dict(
             budget_bytes=config.budget_bytes,
             slot_count=config.effective_slot_count,
@@ -91,12 +100,14 @@ class Engine:
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
         )
+        self._common = common
         if link is None:
             self.native = _native.Cache(uri=stream_uri, **common)
         else:
-            self.native = self._attach(link, deployment or {}, common)
+            self.native = self._attach(link, self._deployment, common)
         self.hooks = Hooks()
         self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._bypasses: dict[str, int] = {}
         self._rejects: dict[str, int] = {}
         self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
@@ -128,7 +139,52 @@ class Engine:
             link.close()
             raise
         self.max_entry_bytes = int(reply["max_entry_bytes"])
+        self._segment = segment
         return native
+
+    # -- shared mode: losing and finding an owner ---------------------------
+
+    def owner_lost(self) -> bool:
+        """Shared mode: whether the owner's heartbeat is older than its
+        timeout (it died, hung or was stopped)."""
+        if self.link is None:
+            return False
+        geo = self.native.geometry()
+        beat = self.native.stats()["heartbeat_ns"]
+        return time.monotonic_ns() - beat > geo["heartbeat_timeout_ns"]
+
+    def maybe_reattach(self) -> bool:
+        """Shared mode, owner lost: attach to a new owner of the same name
+        (at most one attempt a second). The old arena stays mapped until no
+        reader holds it; collections re-bind on their next slow-path read."""
+        if self._reconnect is None or self.closed or not self.owner_lost():
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_reattach < 1.0:
+                return False
+            self._last_reattach = now
+            try:
+                link = self._reconnect()
+            except SharedCacheError:
+                return False
+            old_native, old_link, old_segment = self.native, self.link, self._segment
+            try:
+                native = self._attach(link, self._deployment, self._common)
+            except (SharedCacheError, OSError, ValueError):
+                return False
+            stats = old_native.stats()
+            self._carried["hits"] += stats["hits"]
+            self._carried["misses"] += stats["misses"]
+            self.native, self.link = native, link
+            self._namespaces = {}
+            self.generation += 1
+        if old_link is not None:
+            old_link.close()
+        if old_segment is not None:
+            with contextlib.suppress(FileNotFoundError):
+                old_segment.unlink()  # the dead owner could not remove it
+        return True
 
     # -- namespaces ---------------------------------------------------------
 
@@ -248,8 +304,8 @@ class Engine:
         if stats.get("ring_dropped"):
             rejects[RejectReason.RING_FULL.value] = stats["ring_dropped"]
         return CacheSnapshot(
-            hits=stats["hits"],
-            misses=stats["misses"],
+            hits=stats["hits"] + self._carried["hits"],
+            misses=stats["misses"] + self._carried["misses"],
             bypasses=bypasses,
             admissions=stats["admissions"],
             rejected_admissions=rejects,
@@ -283,6 +339,15 @@ class Engine:
         return bool(self.native.closed)
 
     def close(self) -> None:
+        """Stop the streams; a concurrent second close returns only once they
+        are stopped."""
+        with self._close_lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         self.native.close()
         if self.link is not None:
             self.link.close()  # the owner detaches this worker's ring
+        if self._segment is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._segment.unlink()  # in case the owner is gone

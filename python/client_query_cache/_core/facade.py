@@ -14,6 +14,7 @@ from .engine import Engine
 from .errors import CacheConfigurationError
 from .read import CollectionCore
 from .snapshot import CacheSnapshot
+from .handle import SharedCacheConfig, attach_or_start
 from .shared import OwnerLink, deployment_of_client, validate_name
 from .uri import stream_uri_for
 
@@ -113,7 +114,7 @@ class ManagerBase:
         max_await_time_ms: int = 1000,
         slot_count: int | None = None,
         stream_uri: str | None = None,
-        shared: str | None = None,
+        shared: str | SharedCacheConfig | None = None,
     ) -> None:
         if not isinstance(client, self._client_type):
             raise CacheConfigurationError(
@@ -135,8 +136,25 @@ class ManagerBase:
         else:
             # The owner's geometry and streams apply; this process reads its
             # arena and pushes admissions to it.
-            link = OwnerLink(validate_name(shared))
-            self._engine = Engine(self._config, None, link=link, deployment=deployment_of_client(client))
+            if isinstance(shared, SharedCacheConfig):
+                derived = stream_uri or stream_uri_for(client)
+                config = shared
+
+                def reconnect() -> OwnerLink:
+                    return attach_or_start(config, derived)
+            else:
+                name = validate_name(shared)
+
+                def reconnect() -> OwnerLink:
+                    return OwnerLink(name)
+
+            self._engine = Engine(
+                self._config,
+                None,
+                link=reconnect(),
+                deployment=deployment_of_client(client),
+                reconnect=reconnect,
+            )
 
     @property
     def client(self) -> Any:

@@ -4,6 +4,8 @@ process (``python -m client_query_cache.owner``) and asks it for statistics."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
 import json
 import os
 import socket
@@ -14,9 +16,17 @@ from typing import Any
 
 from .config import CacheConfig, MiB
 from .errors import CacheConfigurationError
-from .shared import SharedCacheError, paths_for, peer_uid, recv_message, send_message, validate_name
+from .shared import (
+    OwnerLink,
+    SharedCacheError,
+    paths_for,
+    peer_uid,
+    recv_message,
+    send_message,
+    validate_name,
+)
 
-__all__ = ["SharedCache"]
+__all__ = ["SharedCache", "SharedCacheConfig", "attach_or_start"]
 
 
 class SharedCache:
@@ -38,10 +48,13 @@ class SharedCache:
         slots: int = 16384,
         max_entry_bytes: int = 1 * MiB,
         max_await_time_ms: int = 1000,
+        idle_exit_seconds: float | None = None,
         ready_timeout: float = 60.0,
     ) -> SharedCache:
         """Start the owner of shared cache ``name`` for the deployment at
-        ``uri``, and return once it accepts workers."""
+        ``uri``, and return once it accepts workers. With
+        ``idle_exit_seconds``, the owner exits that long after its last
+        worker detached (how auto-started owners end)."""
         validate_name(name)
         if not isinstance(uri, str) or not uri.startswith(("mongodb://", "mongodb+srv://")):
             raise CacheConfigurationError("uri must be a 'mongodb://' or 'mongodb+srv://' connection string")
@@ -61,6 +74,7 @@ class SharedCache:
             "slots": slots,
             "max_entry_bytes": max_entry_bytes,
             "max_await_time_ms": max_await_time_ms,
+            "idle_exit_seconds": idle_exit_seconds,
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "client_query_cache.owner"],
@@ -127,3 +141,67 @@ class SharedCache:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SharedCacheConfig:
+    """``CacheManager(client, shared=SharedCacheConfig(name, start_owner=True))``
+    attaches to the owner of ``name``, starting one first if none runs (for
+    ``uvicorn --workers`` and other servers without a master hook). Concurrent
+    workers start exactly one owner: starters serialize on a lock file, and an
+    owner holds its own lock for its life. An owner started this way exits
+    ``grace_seconds`` after its last worker detached.
+
+    ``uri`` defaults to the connection string derived from the worker's
+    client. The geometry options are the owner's (see ``SharedCache.start``).
+    """
+
+    name: str
+    start_owner: bool = False
+    uri: str | None = None
+    arena_bytes: int | None = None
+    budget_bytes: int = 32 * MiB
+    slots: int = 16384
+    max_entry_bytes: int = 1 * MiB
+    max_await_time_ms: int = 1000
+    grace_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if not isinstance(self.start_owner, bool):
+            raise CacheConfigurationError("start_owner must be a bool")
+        if isinstance(self.grace_seconds, bool) or not isinstance(self.grace_seconds, (int, float)) or self.grace_seconds < 0:
+            raise CacheConfigurationError("grace_seconds must be a non-negative number")
+
+
+def attach_or_start(config: SharedCacheConfig, derived_uri: str) -> OwnerLink:
+    """Connect to the owner of ``config.name``, starting it if allowed."""
+    try:
+        return OwnerLink(config.name)
+    except SharedCacheError:
+        if not config.start_owner:
+            raise
+    lock_path = paths_for(config.name, create=True)["dir"] / f"{config.name}.start.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            return OwnerLink(config.name)  # another worker started it meanwhile
+        except SharedCacheError:
+            pass
+        try:
+            SharedCache.start(
+                config.name,
+                config.uri or derived_uri,
+                arena_bytes=config.arena_bytes,
+                budget_bytes=config.budget_bytes,
+                slots=config.slots,
+                max_entry_bytes=config.max_entry_bytes,
+                max_await_time_ms=config.max_await_time_ms,
+                idle_exit_seconds=float(config.grace_seconds),
+            )
+        except SharedCacheError:
+            pass  # lost a race with an owner started by other means: attach to it
+        return OwnerLink(config.name)
+    finally:
+        os.close(fd)

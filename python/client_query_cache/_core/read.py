@@ -26,6 +26,7 @@ from pymongo.read_preferences import ReadPreference
 
 from .classify import FAST_ID_TYPES, FindOnePlan, classify_find_one, collection_bypass
 from .engine import FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
+from .errors import CacheClosedError
 from .reasons import BypassReason
 
 __all__ = ["CollectionCore", "Step", "StepKind"]
@@ -70,7 +71,10 @@ class CollectionCore:
     its options are used here.
     """
 
-    __slots__ = ("engine", "native", "ns", "codec", "primary", "probe_db", "bypass", "fast")
+    __slots__ = (
+        "engine", "native", "ns", "codec", "primary", "probe_db", "bypass", "fast", "generation",
+        "_db_name", "_coll_name", "_base_bypass",
+    )
 
     def __init__(self, engine: Engine, collection: Any) -> None:
         self.engine = engine
@@ -84,8 +88,19 @@ class CollectionCore:
             read_concern=ReadConcern("majority"),
         )
         self.probe_db = collection.database.with_options(read_preference=ReadPreference.PRIMARY)
-        self.bypass = collection_bypass(collection)
-        self.ns = engine.namespace(collection.database.name, collection.name)
+        self._db_name = collection.database.name
+        self._coll_name = collection.name
+        self._base_bypass = collection_bypass(collection)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Take the engine's current native cache and namespace handle (again
+        after a shared-mode worker re-attached to a new owner)."""
+        engine = self.engine
+        self.generation = engine.generation
+        self.native = engine.native
+        self.ns = engine.namespace(self._db_name, self._coll_name)
+        self.bypass = self._base_bypass
         if self.bypass is None and self.ns.unavailable:
             self.bypass = BypassReason.NAMESPACE_UNAVAILABLE
         self.fast = self.bypass is None
@@ -111,6 +126,9 @@ class CollectionCore:
     ) -> Step:
         """Classify, look up (unless ``looked_up`` already holds the fast
         path's MISS or UNHEALTHY), and say what the facade must do next."""
+        if self.generation != self.engine.generation:
+            self._bind()
+            looked_up = None  # that lookup was in the old owner's arena
         self.native.check()  # CacheClosedError, CacheForkedError
         reason = self.bypass
         if reason is None:
@@ -124,6 +142,9 @@ class CollectionCore:
                 if result is not UNHEALTHY:
                     return Step(StepKind.HIT, value=result)
                 reason = BypassReason.STREAM_UNHEALTHY
+                if self.engine.link is not None and self.engine.owner_lost():
+                    reason = BypassReason.OWNER_UNAVAILABLE
+                    self.engine.maybe_reattach()
             else:
                 reason = plan
         self.engine.count_bypass(reason)
@@ -163,7 +184,10 @@ class CollectionCore:
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
-        self.engine.admit(step.plan, step.token, raw)
+        try:
+            self.engine.admit(step.plan, step.token, raw)
+        except CacheClosedError:
+            pass  # closed while this read was in flight: return it, cache nothing
         return None if raw is None else decode_bson(raw.raw, self.codec)
 
     # -- reads this version does not cache ----------------------------------

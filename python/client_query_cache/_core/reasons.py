@@ -34,6 +34,9 @@ class BypassReason(str, enum.Enum):
     UNENCODABLE = "unencodable"
     #: The database's change stream is not established and making progress.
     STREAM_UNHEALTHY = "stream_unhealthy"
+    #: Shared cache: the owner's heartbeat stopped (it died, hung or was
+    #: stopped); the worker tries to attach to a new owner once a second.
+    OWNER_UNAVAILABLE = "owner_unavailable"
     #: A view, a time-series collection, a ``system.*`` collection or a
     #: collection with a non-simple default collation.
     UNSUPPORTED_COLLECTION = "unsupported_collection"

@@ -39,8 +39,7 @@ class AsyncCacheManager(ManagerBase):
     async def close(self) -> None:
         """Stop the change streams (in a worker thread: joining them can take
         up to ``max_await_time_ms``). Idempotent; the client stays open."""
-        if not self._engine.closed:
-            await asyncio.to_thread(self._engine.close)
+        await asyncio.to_thread(self._engine.close)
 
     async def __aenter__(self) -> AsyncCacheManager:
         return self
