@@ -75,17 +75,21 @@ cqc_arena_required_bytes (cqc_geometry_t *geo)
    return off;
 }
 
+/* Make the view from header values `h` (the writer's own header, or an
+ * attacher's validated private copy of one). */
 static void
-bind_view (cqc_arena_t *a, void *mem, uint64_t size)
+bind_view (cqc_arena_t *a, void *mem, uint64_t size, const cqc_arena_header_t *h)
 {
    a->base = mem;
    a->size = size;
    a->hdr = mem;
-   a->dbs = (cqc_db_t *) (a->base + a->hdr->db_off);
-   a->nss = (cqc_ns_t *) (a->base + a->hdr->ns_off);
-   a->idgen = (uint64_t *) (a->base + a->hdr->idgen_off);
-   a->slots = (cqc_slot_t *) (a->base + a->hdr->slots_off);
-   a->ring = a->base + a->hdr->ring_off;
+   a->geo = h->geo;
+   a->ring_bytes = h->ring_bytes;
+   a->dbs = (cqc_db_t *) (a->base + h->db_off);
+   a->nss = (cqc_ns_t *) (a->base + h->ns_off);
+   a->idgen = (uint64_t *) (a->base + h->idgen_off);
+   a->slots = (cqc_slot_t *) (a->base + h->slots_off);
+   a->ring = a->base + h->ring_off;
 }
 
 bool
@@ -125,7 +129,7 @@ cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t
    h->ring_off = off;
    h->ring_bytes = geo.budget_bytes;
    h->created_ns = cqc_now_ns ();
-   bind_view (a, mem, size);
+   bind_view (a, mem, size, h);
    /* The magic goes last: an attacher that sees it sees a formatted arena. */
    STORE (&h->magic, CQC_ARENA_MAGIC);
    return true;
@@ -134,7 +138,7 @@ cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t
 bool
 cqc_arena_r_attach (cqc_arena_t *a, void *mem, uint64_t size, char *err, size_t errlen)
 {
-   const cqc_arena_header_t *h = mem;
+   cqc_arena_header_t h; /* a private copy: validated once, used to bind */
    cqc_geometry_t geo;
    uint64_t need;
 
@@ -142,29 +146,34 @@ cqc_arena_r_attach (cqc_arena_t *a, void *mem, uint64_t size, char *err, size_t 
       snprintf (err, errlen, "arena is too small to hold a header");
       return false;
    }
-   if (LOAD (&h->magic) != CQC_ARENA_MAGIC) {
+   if (LOAD ((const uint64_t *) mem) != CQC_ARENA_MAGIC) {
       snprintf (err, errlen, "arena has a bad magic number");
       return false;
    }
-   if (h->layout_version != CQC_LAYOUT_VERSION) {
-      snprintf (err, errlen, "arena layout version %u, expected %u", h->layout_version,
+   memcpy (&h, mem, sizeof h);
+   if (h.layout_version != CQC_LAYOUT_VERSION) {
+      snprintf (err, errlen, "arena layout version %u, expected %u", h.layout_version,
                 CQC_LAYOUT_VERSION);
       return false;
    }
-   geo = h->geo;
+   geo = h.geo;
    need = cqc_arena_required_bytes (&geo);
-   if (memcmp (&geo, &h->geo, sizeof geo) != 0 || need > size || h->arena_bytes != size ||
-       h->ring_off + h->ring_bytes > size || h->ring_bytes != geo.budget_bytes ||
-       h->slots_off + (uint64_t) geo.slot_count * sizeof (cqc_slot_t) > h->ring_off ||
-       h->db_off + (uint64_t) geo.db_count * sizeof (cqc_db_t) > h->ns_off ||
-       h->ns_off + (uint64_t) geo.ns_count * sizeof (cqc_ns_t) > h->idgen_off ||
-       h->idgen_off + (uint64_t) geo.idgen_count * 8u > h->slots_off ||
-       h->db_off < sizeof (cqc_arena_header_t)) {
+   if (memcmp (&geo, &h.geo, sizeof geo) != 0 || need > size || h.arena_bytes != size ||
+       h.ring_bytes != geo.budget_bytes || h.db_off > size || h.ns_off > size ||
+       h.idgen_off > size || h.slots_off > size || h.ring_off > size ||
+       h.ring_bytes > size - h.ring_off ||
+       h.db_off < sizeof (cqc_arena_header_t) ||
+       h.db_off + (uint64_t) geo.db_count * sizeof (cqc_db_t) > h.ns_off ||
+       h.ns_off + (uint64_t) geo.ns_count * sizeof (cqc_ns_t) > h.idgen_off ||
+       h.idgen_off + (uint64_t) geo.idgen_count * 8u > h.slots_off ||
+       h.slots_off + (uint64_t) geo.slot_count * sizeof (cqc_slot_t) > h.ring_off ||
+       h.db_off % 64 || h.ns_off % 64 || h.idgen_off % 64 || h.slots_off % 64 ||
+       h.ring_off % 64) {
       snprintf (err, errlen, "arena geometry is inconsistent with its size");
       return false;
    }
    memset (a, 0, sizeof *a);
-   bind_view (a, mem, size);
+   bind_view (a, mem, size, &h);
    return true;
 }
 
@@ -180,7 +189,7 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
    uint64_t progress, stall, now, beat_timeout;
 
    *stalled = false;
-   if (db_idx >= a->hdr->geo.db_count) {
+   if (db_idx >= a->geo.db_count) {
       return CQC_STREAM_FAILED;
    }
    d = &a->dbs[db_idx];
@@ -207,7 +216,7 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
 bool
 cqc_arena_r_ns_find (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx)
 {
-   uint32_t mask = a->hdr->geo.ns_count - 1;
+   uint32_t mask = a->geo.ns_count - 1;
    uint64_t h = cqc_hash_bytes (name, len, 0x6e73u);
    uint32_t i, n;
 
@@ -236,7 +245,7 @@ entry_current_r (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, uint16
    const cqc_ns_t *ns;
    uint32_t db_idx;
 
-   if (ns_idx >= a->hdr->geo.ns_count) {
+   if (ns_idx >= a->geo.ns_count) {
       return false;
    }
    ns = &a->nss[ns_idx];
@@ -244,11 +253,11 @@ entry_current_r (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, uint16
       return false;
    }
    db_idx = LOAD_RELAXED (&ns->db_idx);
-   if (db_idx >= a->hdr->geo.db_count || LOAD (&a->dbs[db_idx].incarnation) != db_inc) {
+   if (db_idx >= a->geo.db_count || LOAD (&a->dbs[db_idx].incarnation) != db_inc) {
       return false;
    }
    if (flags & CQC_ENTRY_IDENTITY) {
-      if (id_cell >= a->hdr->geo.idgen_count) {
+      if (id_cell >= a->geo.idgen_count) {
          return false;
       }
       return LOAD (&a->idgen[id_cell]) == gen;
@@ -260,8 +269,8 @@ cqc_lookup_t
 cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const uint8_t *key,
                     uint32_t key_len, cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
 {
-   uint32_t mask = a->hdr->geo.slot_count - 1;
-   uint64_t ring_bytes = a->hdr->ring_bytes;
+   uint32_t mask = a->geo.slot_count - 1;
+   uint64_t ring_bytes = a->ring_bytes;
    uint32_t i, n;
 
    for (n = 0, i = (uint32_t) hash & mask; n < CQC_MAX_PROBE; n++, i = (i + 1) & mask) {
@@ -329,12 +338,12 @@ cqc_arena_r_capture (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, cq
    memset (tok, 0, sizeof *tok);
    tok->ns_idx = ns_idx;
    tok->id_cell = id_cell;
-   if (ns_idx >= a->hdr->geo.ns_count) {
+   if (ns_idx >= a->geo.ns_count) {
       return; /* healthy stays 0: the admission will be refused */
    }
    ns = &a->nss[ns_idx];
    tok->db_idx = LOAD_RELAXED (&ns->db_idx);
-   if (tok->db_idx >= a->hdr->geo.db_count) {
+   if (tok->db_idx >= a->geo.db_count) {
       return;
    }
    /* Health first: generations read after a healthy check are at least as
@@ -342,7 +351,7 @@ cqc_arena_r_capture (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, cq
    tok->healthy = cqc_arena_r_db_state (a, tok->db_idx, &stalled) == CQC_STREAM_HEALTHY;
    tok->db_inc = LOAD (&a->dbs[tok->db_idx].incarnation);
    tok->ns_epoch = LOAD (&ns->epoch);
-   if (id_cell != CQC_NO_CELL && id_cell < a->hdr->geo.idgen_count) {
+   if (id_cell != CQC_NO_CELL && id_cell < a->geo.idgen_count) {
       tok->gen = LOAD (&a->idgen[id_cell]);
    } else {
       tok->id_cell = CQC_NO_CELL;
@@ -358,7 +367,7 @@ static bool
 db_find_w (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx)
 {
    uint32_t i;
-   for (i = 0; i < a->hdr->geo.db_count; i++) {
+   for (i = 0; i < a->geo.db_count; i++) {
       const cqc_db_t *d = &a->dbs[i];
       if (!d->used) {
          return false;
@@ -384,7 +393,7 @@ cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t 
    if (db_find_w (a, name, len, idx)) {
       return true;
    }
-   for (i = 0; i < a->hdr->geo.db_count; i++) {
+   for (i = 0; i < a->geo.db_count; i++) {
       cqc_db_t *d = &a->dbs[i];
       if (!d->used) {
          memcpy (d->name, name, len);
@@ -398,7 +407,7 @@ cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t 
       }
    }
    snprintf (err, errlen, "the arena's database table is full (%u databases)",
-             a->hdr->geo.db_count);
+             a->geo.db_count);
    return false;
 }
 
@@ -430,7 +439,7 @@ cqc_arena_w_ns_register (cqc_arena_t *a, const char *db, size_t db_len, const ch
 {
    char name[CQC_NS_NAME_MAX];
    size_t len = ns_name (name, db, db_len, coll, coll_len);
-   uint32_t mask = a->hdr->geo.ns_count - 1;
+   uint32_t mask = a->geo.ns_count - 1;
    uint32_t db_idx, i, n;
    uint64_t h;
 
@@ -458,7 +467,7 @@ cqc_arena_w_ns_register (cqc_arena_t *a, const char *db, size_t db_len, const ch
       }
    }
    snprintf (err, errlen, "the arena's namespace table is full (%u namespaces)",
-             a->hdr->geo.ns_count);
+             a->geo.ns_count);
    return false;
 }
 
@@ -491,7 +500,7 @@ block_at_w (cqc_arena_t *a, uint64_t off)
 static void
 slot_remove_w (cqc_arena_t *a, uint32_t i)
 {
-   uint32_t mask = a->hdr->geo.slot_count - 1;
+   uint32_t mask = a->geo.slot_count - 1;
    uint32_t j = i;
    cqc_slot_t *hole = &a->slots[i];
 
@@ -540,7 +549,7 @@ static bool
 slot_find_w (const cqc_arena_t *a, uint64_t hash, const uint8_t *key, uint32_t key_len,
              uint32_t ns_idx, uint32_t *out)
 {
-   uint32_t mask = a->hdr->geo.slot_count - 1;
+   uint32_t mask = a->geo.slot_count - 1;
    uint32_t i, n;
    for (n = 0, i = (uint32_t) hash & mask; n < CQC_MAX_PROBE; n++, i = (i + 1) & mask) {
       const cqc_slot_t *s = &a->slots[i];
@@ -641,7 +650,7 @@ void
 cqc_arena_w_clear (cqc_arena_t *a)
 {
    uint32_t i;
-   for (i = 0; i < a->hdr->geo.slot_count; i++) {
+   for (i = 0; i < a->geo.slot_count; i++) {
       cqc_slot_t *s = &a->slots[i];
       if (s->state) {
          slot_begin_w (s);
@@ -764,10 +773,10 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
 void
 cqc_arena_w_invalidate_id (cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell)
 {
-   if (id_cell < a->hdr->geo.idgen_count) {
+   if (id_cell < a->geo.idgen_count) {
       STORE (&a->idgen[id_cell], a->idgen[id_cell] + 1u);
    }
-   if (ns_idx < a->hdr->geo.ns_count) {
+   if (ns_idx < a->geo.ns_count) {
       STORE (&a->nss[ns_idx].write_gen, a->nss[ns_idx].write_gen + 1u);
    }
    a->hdr->invalidations++;
@@ -776,7 +785,7 @@ cqc_arena_w_invalidate_id (cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell)
 void
 cqc_arena_w_invalidate_ns (cqc_arena_t *a, uint32_t ns_idx)
 {
-   if (ns_idx < a->hdr->geo.ns_count) {
+   if (ns_idx < a->geo.ns_count) {
       cqc_ns_t *ns = &a->nss[ns_idx];
       STORE (&ns->epoch, ns->epoch + 1u);
       STORE (&ns->write_gen, ns->write_gen + 1u);
@@ -787,7 +796,7 @@ cqc_arena_w_invalidate_ns (cqc_arena_t *a, uint32_t ns_idx)
 void
 cqc_arena_w_invalidate_db (cqc_arena_t *a, uint32_t db_idx)
 {
-   if (db_idx < a->hdr->geo.db_count) {
+   if (db_idx < a->geo.db_count) {
       STORE (&a->dbs[db_idx].incarnation, a->dbs[db_idx].incarnation + 1u);
    }
    a->hdr->invalidations++;
@@ -796,7 +805,7 @@ cqc_arena_w_invalidate_db (cqc_arena_t *a, uint32_t db_idx)
 void
 cqc_arena_w_set_health (cqc_arena_t *a, uint32_t db_idx, cqc_stream_state_t st)
 {
-   if (db_idx < a->hdr->geo.db_count) {
+   if (db_idx < a->geo.db_count) {
       if (st == CQC_STREAM_HEALTHY) {
          STORE (&a->dbs[db_idx].progress_ns, cqc_now_ns ());
       }
@@ -807,7 +816,7 @@ cqc_arena_w_set_health (cqc_arena_t *a, uint32_t db_idx, cqc_stream_state_t st)
 void
 cqc_arena_w_progress (cqc_arena_t *a, uint32_t db_idx)
 {
-   if (db_idx < a->hdr->geo.db_count) {
+   if (db_idx < a->geo.db_count) {
       STORE (&a->dbs[db_idx].progress_ns, cqc_now_ns ());
    }
 }

@@ -178,6 +178,11 @@ typedef struct {
 typedef struct {
    uint8_t *base;
    uint64_t size;
+   /* Geometry as validated when the view was made. Readers use these, never
+    * the header's copy, so bytes changed in the arena later cannot move a
+    * bound. */
+   cqc_geometry_t geo;
+   uint64_t ring_bytes;
    cqc_arena_header_t *hdr;
    cqc_db_t *dbs;
    cqc_ns_t *nss;

@@ -338,8 +338,8 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
    /* From here on, Cache_dealloc releases whatever init leaves behind. */
    self->mem = mem;
    self->mem_len = need;
-   self->streams = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_t *));
-   self->final_info = PyMem_Calloc (self->arena.hdr->geo.db_count, sizeof (cqc_stream_info_t));
+   self->streams = PyMem_Calloc (self->arena.geo.db_count, sizeof (cqc_stream_t *));
+   self->final_info = PyMem_Calloc (self->arena.geo.db_count, sizeof (cqc_stream_info_t));
    if (!self->streams || !self->final_info) {
       PyErr_NoMemory ();
       return -1;
@@ -380,7 +380,7 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
 static void
 stop_streams (CacheObject *self)
 {
-   uint32_t i, n = self->arena.hdr ? self->arena.hdr->geo.db_count : 0;
+   uint32_t i, n = self->arena.hdr ? self->arena.geo.db_count : 0;
    cqc_stream_t **stopping;
    cqc_stream_info_t *info;
 
@@ -641,8 +641,8 @@ Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       return NULL;
    }
    if (!check_usable (self) ||
-       !parse_idx (args[0], &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx") ||
-       !parse_idx (args[1], &db_idx, self->arena.hdr->geo.db_count, "db_idx")) {
+       !parse_idx (args[0], &ns_idx, self->arena.geo.ns_count, "ns_idx") ||
+       !parse_idx (args[1], &db_idx, self->arena.geo.db_count, "db_idx")) {
       return NULL;
    }
    flen = encode_id_filter (self, args[2], filter, sizeof filter);
@@ -689,8 +689,8 @@ Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       return NULL;
    }
    if (!check_usable (self) ||
-       !parse_idx (args[0], &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx") ||
-       !parse_idx (args[1], &db_idx, self->arena.hdr->geo.db_count, "db_idx") ||
+       !parse_idx (args[0], &ns_idx, self->arena.geo.ns_count, "ns_idx") ||
+       !parse_idx (args[1], &db_idx, self->arena.geo.db_count, "db_idx") ||
        !parse_idx (args[2], &kind, 256, "kind")) {
       return NULL;
    }
@@ -735,12 +735,12 @@ Cache_capture (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       return NULL;
    }
    if (!check_usable (self) ||
-       !parse_idx (args[0], &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx") ||
+       !parse_idx (args[0], &ns_idx, self->arena.geo.ns_count, "ns_idx") ||
        !get_buffer (args[1], &fb, "filter")) {
       return NULL;
    }
    if (cqc_filter_identity (fb.buf, (size_t) fb.len, &id_hash)) {
-      cell = cqc_id_cell (id_hash, ns_idx, self->arena.hdr->geo.idgen_count);
+      cell = cqc_id_cell (id_hash, ns_idx, self->arena.geo.idgen_count);
    }
    PyBuffer_Release (&fb);
    cqc_arena_r_capture (&self->arena, ns_idx, cell, &tok);
@@ -782,13 +782,13 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       goto cleanup;
    }
    memcpy (&tok, tb.buf, sizeof tok);
-   if (tok.ns_idx >= self->arena.hdr->geo.ns_count) {
+   if (tok.ns_idx >= self->arena.geo.ns_count) {
       PyErr_SetString (PyExc_ValueError, "invalid token");
       goto cleanup;
    }
    /* The token's identity cell must be the one this filter maps to. */
    identity = cqc_filter_identity (fb.buf, (size_t) fb.len, &id_hash);
-   if ((identity ? cqc_id_cell (id_hash, tok.ns_idx, self->arena.hdr->geo.idgen_count)
+   if ((identity ? cqc_id_cell (id_hash, tok.ns_idx, self->arena.geo.idgen_count)
                  : CQC_NO_CELL) != tok.id_cell) {
       PyErr_SetString (PyExc_ValueError, "token does not match the filter");
       goto cleanup;
@@ -881,7 +881,7 @@ Cache_db_state (CacheObject *self, PyObject *arg)
    uint32_t db_idx;
    bool stalled;
    cqc_stream_state_t st;
-   if (!check_usable (self) || !parse_idx (arg, &db_idx, self->arena.hdr->geo.db_count, "db_idx")) {
+   if (!check_usable (self) || !parse_idx (arg, &db_idx, self->arena.geo.db_count, "db_idx")) {
       return NULL;
    }
    st = cqc_arena_r_db_state (&self->arena, db_idx, &stalled);
@@ -896,12 +896,12 @@ Cache_ns_epoch (CacheObject *self, PyObject *arg)
    uint32_t ns_idx, db_idx;
    unsigned long long epoch;
    unsigned int inc = 0;
-   if (!check_usable (self) || !parse_idx (arg, &ns_idx, self->arena.hdr->geo.ns_count, "ns_idx")) {
+   if (!check_usable (self) || !parse_idx (arg, &ns_idx, self->arena.geo.ns_count, "ns_idx")) {
       return NULL;
    }
    epoch = __atomic_load_n (&self->arena.nss[ns_idx].epoch, __ATOMIC_ACQUIRE);
    db_idx = self->arena.nss[ns_idx].db_idx;
-   if (db_idx < self->arena.hdr->geo.db_count) {
+   if (db_idx < self->arena.geo.db_count) {
       inc = __atomic_load_n (&self->arena.dbs[db_idx].incarnation, __ATOMIC_ACQUIRE);
    }
    return Py_BuildValue ("(KI)", epoch, inc);
@@ -1009,9 +1009,10 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
    if (!list) {
       return NULL;
    }
-   for (i = 0; i < self->arena.hdr->geo.db_count && self->arena.dbs[i].used; i++) {
+   for (i = 0; i < self->arena.geo.db_count && self->arena.dbs[i].used; i++) {
       cqc_stream_info_t info = {.state = CQC_STREAM_NOT_STARTED};
       bool stalled = false;
+      uint32_t name_len;
       cqc_stream_state_t seen = cqc_arena_r_db_state (&self->arena, i, &stalled);
       PyObject *d;
       if (self->streams && self->streams[i]) {
@@ -1030,8 +1031,13 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
          info.reconnects = db->reconnects;
          info.history_lost = db->history_lost;
       }
-      d = Py_BuildValue ("{s:s,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s}", "database",
-                         self->arena.dbs[i].name, "db_idx", i, "state", state_name (info.state),
+      /* The name is read from the arena: bounded, never trusted to end. */
+      name_len = self->arena.dbs[i].name_len;
+      if (name_len >= CQC_DB_NAME_MAX) {
+         name_len = 0;
+      }
+      d = Py_BuildValue ("{s:s#,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s}", "database",
+                         self->arena.dbs[i].name, (Py_ssize_t) name_len, "db_idx", i, "state", state_name (info.state),
                          "stalled", (stalled && seen != CQC_STREAM_HEALTHY) ? Py_True : Py_False,
                          "events", (unsigned long long) info.events, "reconnects",
                          (unsigned long long) info.reconnects, "history_lost",

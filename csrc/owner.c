@@ -55,11 +55,11 @@ admit_record (void *ctx, const cqc_ring_record_t *rec)
    o->stats.records++;
    /* The token came from a worker: its indexes must be in range and its
     * identity cell the one its filter maps to. */
-   if (tok.ns_idx >= a->hdr->geo.ns_count || tok.db_idx >= a->hdr->geo.db_count) {
+   if (tok.ns_idx >= a->geo.ns_count || tok.db_idx >= a->geo.db_count) {
       return;
    }
    if (cqc_filter_identity (rec->filter, rec->flen, &id_hash)) {
-      cell = cqc_id_cell (id_hash, tok.ns_idx, a->hdr->geo.idgen_count);
+      cell = cqc_id_cell (id_hash, tok.ns_idx, a->geo.idgen_count);
    }
    if (cell != tok.id_cell || (rec->not_found && rec->vlen)) {
       return;

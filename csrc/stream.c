@@ -203,7 +203,7 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
          if (bson_iter_init (&it, doc) &&
              bson_iter_find_descendant (&it, "documentKey._id", &child) &&
              cqc_id_hash (&child, &h, &ok) == CQC_ID_CELL) {
-            cqc_arena_w_invalidate_id (a, ns_idx, cqc_id_cell (h, ns_idx, a->hdr->geo.idgen_count));
+            cqc_arena_w_invalidate_id (a, ns_idx, cqc_id_cell (h, ns_idx, a->geo.idgen_count));
          } else {
             cqc_arena_w_invalidate_ns (a, ns_idx);
          }
