@@ -91,6 +91,9 @@ class Engine:
         self._last_reattach = 0.0
         self._carried = {"hits": 0, "misses": 0}
         self._segment: Any = None
+        #: The ring file belongs to the process that created it: a forked
+        #: copy of this engine must not remove its parent's ring.
+        self._pid = os.getpid()
         common = dict(
             budget_bytes=config.budget_bytes,
             slot_count=config.effective_slot_count,
@@ -115,15 +118,16 @@ class Engine:
     def _attach(self, link: OwnerLink, deployment: dict[str, Any], common: dict[str, Any]) -> Any:
         """Map the owner's arena, create this worker's ring and say hello."""
         segment = ring_path(link.name)
-        native = _native.Cache(
-            uri=None,
-            mode=_native.MODE_WORKER,
-            arena_path=str(link.paths["arena"]),
-            segment_path=str(segment),
-            ring_bytes=DEFAULT_RING_BYTES,
-            **common,
-        )
+        native = None
         try:
+            native = _native.Cache(
+                uri=None,
+                mode=_native.MODE_WORKER,
+                arena_path=str(link.paths["arena"]),
+                segment_path=str(segment),
+                ring_bytes=DEFAULT_RING_BYTES,
+                **common,
+            )
             reply = link.request("hello", pid=os.getpid(), segment=str(segment), deployment=deployment)
             mine, theirs = native.geometry(), reply["geometry"]
             for key in ("layout_version", "arena_bytes", "budget_bytes", "slot_count", "owner_uid", "owner_pid"):
@@ -133,7 +137,8 @@ class Engine:
                         f"{mine[key]} != {theirs[key]})"
                     )
         except BaseException:
-            native.close()
+            if native is not None:
+                native.close()
             with contextlib.suppress(FileNotFoundError):
                 segment.unlink()
             link.close()
@@ -348,6 +353,6 @@ class Engine:
         self.native.close()
         if self.link is not None:
             self.link.close()  # the owner detaches this worker's ring
-        if self._segment is not None:
+        if self._segment is not None and os.getpid() == self._pid:
             with contextlib.suppress(FileNotFoundError):
                 self._segment.unlink()  # in case the owner is gone

@@ -1,0 +1,912 @@
+"""The shared cache across processes: one owner (``SharedCache.start``), worker
+processes attached with ``CacheManager(client, shared=name)``.
+
+Worker processes are started with the ``spawn`` method and driven through
+queues (``Worker.call``), each answer awaited with a timeout so a hang fails
+the test instead of blocking it. The test process itself is also used as a
+worker where one in-process manager is enough. Every test gets its own
+runtime directory (``CQC_RUNTIME_DIR``, inherited by the spawned children)
+and its own shared-cache name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import multiprocessing
+import os
+import queue
+import select
+import shutil
+import signal
+import stat
+import tempfile
+import time
+import traceback
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+
+from client_query_cache import (
+    BypassReason,
+    CacheConfigurationError,
+    CacheForkedError,
+    CacheManager,
+    SharedCache,
+    SharedCacheError,
+)
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, ready_collection, wait_until
+
+#: The bound the issue sets on how long workers keep serving from the arena of
+#: an owner that died (its heartbeat timeout is shorter), and the slack a
+#: loaded 2-core machine needs on top of it.
+HEARTBEAT_BOUND_S = 1.0
+SLACK_S = 0.5
+
+#: Longest a test waits for a worker process's answer.
+CALL_TIMEOUT_S = 30.0
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+OWNER_UNAVAILABLE = BypassReason.OWNER_UNAVAILABLE.value
+
+
+# =============================================================================
+# Worker processes (top-level functions: the spawn method imports this module)
+# =============================================================================
+
+
+def _snapshot_dict(manager: CacheManager) -> dict[str, Any]:
+    snap = manager.snapshot()
+    data = dataclasses.asdict(snap)
+    data["streams"] = [
+        {"database": s.database, "state": s.state.value, "events": s.events} for s in snap.streams
+    ]
+    data["bypasses"] = dict(snap.bypasses)
+    data["rejected_admissions"] = dict(snap.rejected_admissions)
+    return data
+
+
+def _events(manager: CacheManager, db: str) -> int:
+    """Change events of ``db`` the owner has applied to the arena (as this
+    worker reads them from the arena)."""
+    return sum(s.events for s in manager.snapshot().streams if s.database == db)
+
+
+def _version_loop(manager: CacheManager, db: str, coll_name: str, docs: int, baseline: int, stop: Any) -> dict[str, Any]:
+    """Read documents ``0..docs-1`` (field ``version``) until ``stop`` is set.
+
+    The writer's update j (1-based) sets document ``j % docs`` to version j,
+    one at a time. So once the owner has applied E events of the run (its
+    events counter minus ``baseline``), document d's version is at least the
+    largest j <= E with j % docs == d: a read that starts after that and
+    returns less is stale."""
+    coll = manager[db][coll_name]
+    last = [0] * docs
+    stale: list[tuple[int, int, int, int]] = []
+    backwards: list[tuple[int, int, int]] = []
+    reads = 0
+    while not stop.is_set():
+        for d in range(docs):
+            applied = _events(manager, db) - baseline
+            bound = applied - ((applied - d) % docs) if applied >= d else 0
+            doc = coll.find_one({"_id": d})
+            version = doc["version"]
+            reads += 1
+            if version < bound:
+                stale.append((d, version, bound, applied))
+            if version < last[d]:
+                backwards.append((d, last[d], version))
+            last[d] = max(last[d], version)
+    snap = manager.snapshot()
+    return {
+        "reads": reads,
+        "stale": stale[:20],
+        "stale_count": len(stale),
+        "backwards": backwards[:20],
+        "backwards_count": len(backwards),
+        "hits": snap.hits,
+        "misses": snap.misses,
+    }
+
+
+def _worker_command(manager: CacheManager, stop: Any, cmd: tuple[Any, ...]) -> Any:
+    op = cmd[0]
+    if op == "read":
+        _, db, coll, doc_id = cmd
+        return manager[db][coll].find_one({"_id": doc_id})
+    if op == "snapshot":
+        return _snapshot_dict(manager)
+    if op == "wait_ready":
+        return manager.wait_ready(DEADLINE_S, database=cmd[1])
+    if op == "register":
+        # Wrap db.coll (which registers it and starts the owner's stream of
+        # db) and wait until that stream serves.
+        _, db, coll = cmd
+        manager[db][coll]
+        if not manager.wait_ready(DEADLINE_S, database=db):
+            raise AssertionError(f"the stream of {db} did not become ready: {manager.snapshot()!r}")
+        return _snapshot_dict(manager)
+    if op == "read_until":
+        # Read until the result equals `expected`; return the seconds it took.
+        _, db, coll, doc_id, expected, timeout = cmd
+        coll_ = manager[db][coll]
+        start = time.monotonic()
+        while True:
+            doc = coll_.find_one({"_id": doc_id})
+            if doc == expected:
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout:
+                raise AssertionError(f"still read {doc!r}, expected {expected!r}")
+            time.sleep(0.005)
+    if op == "read_until_owner_lost":
+        # Read every 5 ms until a read bypasses because the owner is gone;
+        # return CLOCK_MONOTONIC of that read and every distinct result seen.
+        _, db, coll, doc_id, timeout = cmd
+        coll_ = manager[db][coll]
+        start = time.monotonic()
+        seen: list[Any] = []
+        while time.monotonic() - start < timeout:
+            before = manager.snapshot().bypasses.get(OWNER_UNAVAILABLE, 0)
+            doc = coll_.find_one({"_id": doc_id})
+            if doc not in seen:
+                seen.append(doc)
+            if manager.snapshot().bypasses.get(OWNER_UNAVAILABLE, 0) > before:
+                return {"at": time.monotonic(), "seen": seen}
+            time.sleep(0.005)
+        raise AssertionError(f"no owner_unavailable bypass within {timeout} s; seen {seen!r}")
+    if op == "read_until_hit":
+        # Read until a read is a hit; return the distinct results seen.
+        _, db, coll, doc_id, timeout = cmd
+        coll_ = manager[db][coll]
+        start = time.monotonic()
+        seen = []
+        while time.monotonic() - start < timeout:
+            before = manager.snapshot().hits
+            doc = coll_.find_one({"_id": doc_id})
+            if doc not in seen:
+                seen.append(doc)
+            if manager.snapshot().hits > before:
+                return seen
+            time.sleep(0.01)
+        raise AssertionError(f"no hit within {timeout} s: {_snapshot_dict(manager)!r}")
+    if op == "version_loop":
+        _, db, coll, docs, baseline = cmd
+        return _version_loop(manager, db, coll, docs, baseline, stop)
+    raise ValueError(f"unknown command {cmd!r}")
+
+
+def _worker_main(uri: str, name: str, commands: Any, results: Any, stop: Any) -> None:
+    """A worker process: attach to shared cache ``name``, then run commands
+    from ``commands`` and answer each on ``results`` as ("ok", value) or
+    ("error", traceback)."""
+    try:
+        client = pymongo.MongoClient(uri)
+        manager = CacheManager(client, shared=name, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put(("error", traceback.format_exc()))
+        return
+    results.put(("ready", os.getpid()))
+    try:
+        while True:
+            cmd = commands.get()
+            if cmd[0] == "exit":
+                break
+            try:
+                results.put(("ok", _worker_command(manager, stop, cmd)))
+            except BaseException:  # noqa: BLE001 - reported to the test
+                results.put(("error", traceback.format_exc()))
+    finally:
+        manager.close()
+        client.close()
+        results.put(("closed", os.getpid()))
+
+
+def _writer_main(uri: str, db: str, coll: str, docs: int, count: int, pause: float, results: Any) -> None:
+    """The writer process: update j (1..count) sets ``version`` of document
+    ``j % docs`` to j, each acknowledged before the next."""
+    try:
+        with pymongo.MongoClient(uri) as client:
+            target = client[db][coll]
+            for j in range(1, count + 1):
+                result = target.update_one({"_id": j % docs}, {"$set": {"version": j}})
+                assert result.modified_count == 1, result.raw_result
+                if pause:
+                    time.sleep(pause)
+        results.put(("ok", count))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put(("error", traceback.format_exc()))
+
+
+# =============================================================================
+# Test-side handles
+# =============================================================================
+
+
+class Worker:
+    """A spawned worker process and its command queues."""
+
+    def __init__(self, uri: str, name: str, stop: Any) -> None:
+        self.commands = _SPAWN.Queue()
+        self.results = _SPAWN.Queue()
+        self.process = _SPAWN.Process(
+            target=_worker_main, args=(uri, name, self.commands, self.results, stop), daemon=True
+        )
+        self.process.start()
+        self.pid = self.process.pid
+
+    def _get(self, what: str, timeout: float) -> tuple[Any, Any]:
+        try:
+            return self.results.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(
+                f"worker {self.pid} did not answer {what} within {timeout:g} s "
+                f"(alive: {self.process.is_alive()})"
+            ) from None
+
+    def wait_attached(self, timeout: float = 60.0) -> None:
+        kind, value = self._get("its start", timeout)
+        if kind != "ready":
+            raise AssertionError(f"worker {self.pid} could not attach:\n{value}")
+
+    def send(self, *cmd: Any) -> None:
+        self.commands.put(cmd)
+
+    def result(self, what: str = "a command", timeout: float = CALL_TIMEOUT_S) -> Any:
+        kind, value = self._get(what, timeout)
+        if kind != "ok":
+            raise AssertionError(f"worker {self.pid} failed {what}:\n{value}")
+        return value
+
+    def call(self, *cmd: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        self.send(*cmd)
+        return self.result(repr(cmd), timeout)
+
+    def read(self, db: str, coll: str, doc_id: Any) -> Any:
+        return self.call("read", db, coll, doc_id)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.call("snapshot")
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(Exception):
+                self.commands.put(("exit",))
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+        for q in (self.commands, self.results):
+            q.close()
+            q.cancel_join_thread()
+
+
+class SharedGroup:
+    """Owners, spawned workers and in-process managers of one test, all
+    stopped at teardown (workers and managers first, then owners)."""
+
+    def __init__(self, uri: str, runtime: Path) -> None:
+        self.uri = uri
+        self.runtime = runtime
+        self.name = f"cqc-{uuid.uuid4().hex[:12]}"
+        self.stop_event = _SPAWN.Event()
+        self.owners: list[SharedCache] = []
+        self.workers: list[Worker] = []
+        self.managers: list[CacheManager] = []
+
+    def start_owner(self, name: str | None = None, **options: Any) -> SharedCache:
+        options.setdefault("max_await_time_ms", TEST_MAX_AWAIT_MS)
+        owner = SharedCache.start(name or self.name, self.uri, **options)
+        self.owners.append(owner)
+        return owner
+
+    def spawn(self, count: int = 1, name: str | None = None) -> list[Worker]:
+        """Start ``count`` worker processes (concurrently) and wait until
+        each attached."""
+        started = []
+        for _ in range(count):
+            worker = Worker(self.uri, name or self.name, self.stop_event)
+            self.workers.append(worker)
+            started.append(worker)
+        for worker in started:
+            worker.wait_attached()
+        return started
+
+    def manager(self, client: pymongo.MongoClient, name: str | None = None) -> CacheManager:
+        """An in-process worker manager over ``client``."""
+        manager = CacheManager(client, shared=name or self.name, max_await_time_ms=TEST_MAX_AWAIT_MS)
+        self.managers.append(manager)
+        return manager
+
+    def ring_files(self, pid: int | None = None) -> list[Path]:
+        pattern = f"{self.name}.w*.ring" if pid is None else f"{self.name}.w{pid}-*.ring"
+        return sorted(self.runtime.glob(pattern))
+
+    def close(self) -> None:
+        self.stop_event.set()  # ends any version_loop a failed test left running
+        for manager in self.managers:
+            with contextlib.suppress(Exception):
+                manager.close()
+        for worker in self.workers:
+            worker.close()
+        for owner in self.owners:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(owner.pid, signal.SIGCONT)  # a test may have paused it
+            os.chmod(self.runtime, 0o700)  # a test may have opened it up
+            owner.stop(timeout=10)
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh runtime directory (0700) for this test's shared caches."""
+    path = Path(tempfile.mkdtemp(prefix="cqc-rt-"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    monkeypatch.setenv("CQC_RUNTIME_DIR", str(path))
+    try:
+        yield path
+    finally:
+        path.chmod(0o700)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def group(server_uri: str, runtime_dir: Path) -> Iterator[SharedGroup]:
+    g = SharedGroup(server_uri, runtime_dir)
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def owner_stream(owner: SharedCache, db: str) -> dict[str, Any]:
+    streams = [s for s in owner.snapshot()["streams"] if s["database"] == db]
+    assert len(streams) == 1, owner.snapshot()
+    return streams[0]
+
+
+def wait_events(owner: SharedCache, db: str, at_least: int) -> int:
+    """Wait until the owner has applied ``at_least`` change events of ``db``."""
+    def applied() -> int | None:
+        events = owner_stream(owner, db)["events"]
+        return events if events >= at_least else None
+
+    return wait_until(applied, what=f"the owner applied {at_least} events of {db}")
+
+
+def seed(client: pymongo.MongoClient, db: str, coll: str, docs: list[dict[str, Any]]) -> None:
+    client[db][coll].insert_many(docs)
+
+
+# =============================================================================
+# Sharing hits and invalidations between workers
+# =============================================================================
+
+
+def test_a_document_admitted_by_one_worker_is_a_hit_in_another(group, client, db_name):
+    seed(client, db_name, "items", [{"_id": 1, "v": "one"}])
+    owner = group.start_owner()
+    a, b = group.spawn(2)
+    a.call("register", db_name, "items")
+    b.call("register", db_name, "items")
+    assert a.read(db_name, "items", 1) == {"_id": 1, "v": "one"}  # miss: A admits
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the owner applied A's admission")
+
+    assert b.read(db_name, "items", 1) == {"_id": 1, "v": "one"}
+
+    snap_a, snap_b = a.snapshot(), b.snapshot()
+    assert (snap_a["hits"], snap_a["misses"]) == (0, 1), snap_a
+    assert (snap_b["hits"], snap_b["misses"]) == (1, 0), snap_b
+    group_snap = owner.snapshot()
+    assert group_snap["admissions_accepted"] == 1
+    assert group_snap["entries"] == 1
+
+
+def test_a_write_invalidates_the_document_in_every_worker(group, client, other_client, db_name):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
+    owner = group.start_owner()
+    workers = group.spawn(3)
+    for w in workers:
+        w.call("register", db_name, "items")
+    workers[0].read(db_name, "items", 1)
+    workers[0].read(db_name, "items", 2)
+    wait_until(lambda: owner.snapshot()["entries"] == 2, what="both documents are admitted")
+    for w in workers:
+        assert w.read(db_name, "items", 1) == {"_id": 1, "v": 1}
+    hits = [w.snapshot()["hits"] for w in workers]
+    assert hits[1:] == [1, 1]
+    events = owner_stream(owner, db_name)["events"]
+
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 10}})
+    wait_events(owner, db_name, events + 1)
+
+    # The event is applied: every worker's next read sees the write.
+    for w in workers:
+        assert w.read(db_name, "items", 1) == {"_id": 1, "v": 10}
+    group_snap = owner.snapshot()
+    assert group_snap["invalidations"] >= 1
+    # The other document's entry survived the write and is still shared.
+    for w in workers:
+        before = w.snapshot()["hits"]
+        assert w.read(db_name, "items", 2) == {"_id": 2, "v": 2}
+        assert w.snapshot()["hits"] == before + 1
+
+
+def test_group_and_worker_snapshots(group, client, db_name):
+    seed(client, db_name, "a", [{"_id": 1, "v": 1}])
+    seed(client, db_name, "b", [{"_id": 1, "v": 1}])
+    owner = group.start_owner()
+    w1, w2, w3 = group.spawn(3)
+    wait_until(lambda: owner.snapshot()["attached_workers"] == 3, what="three workers are attached")
+    # Three workers, two collections of one database: one stream.
+    w1.call("register", db_name, "a")
+    w2.call("register", db_name, "b")
+    w3.call("register", db_name, "a")
+    w1.read(db_name, "a", 1)
+    w2.read(db_name, "b", 1)
+    w3.read(db_name, "a", 1)
+    wait_until(lambda: owner.snapshot()["entries"] >= 2, what="the admissions are applied")
+    for _ in range(2):
+        assert w2.read(db_name, "a", 1) == {"_id": 1, "v": 1}
+
+    snap = owner.snapshot()
+    assert snap["attached_workers"] == 3
+    assert snap["active_streams"] == 1
+    assert [s["database"] for s in snap["streams"]] == [db_name]
+    assert snap["owner_pid"] == owner.pid
+    assert snap["owner_uptime_s"] > 0
+    # Each worker's snapshot counts its own reads.
+    s1, s2 = w1.snapshot(), w2.snapshot()
+    assert (s1["hits"], s1["misses"]) == (0, 1)
+    assert (s2["hits"], s2["misses"]) == (2, 1)
+    assert [s["database"] for s in s2["streams"]] == [db_name]
+
+    w3.close()
+    wait_until(lambda: owner.snapshot()["attached_workers"] == 2, what="the closed worker detaches")
+    assert owner.snapshot()["active_streams"] == 1
+
+
+# =============================================================================
+# Losing a process
+# =============================================================================
+
+
+def test_after_the_owner_is_killed_workers_bypass_and_a_new_owner_serves_new_managers(
+    group, client, other_client, db_name
+):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}])
+    owner = group.start_owner()
+    (worker,) = group.spawn(1)
+    local = group.manager(client)
+    coll = ready_collection(local, db_name, "items")
+    worker.call("register", db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the admission is applied")
+    assert worker.read(db_name, "items", 1) == {"_id": 1, "v": 1}
+    assert worker.snapshot()["hits"] == 1
+
+    worker.send("read_until_owner_lost", db_name, "items", 1, 10.0)
+    killed_at = time.monotonic()
+    os.kill(owner.pid, signal.SIGKILL)
+    # The test process's manager stops serving within the bound.
+    seen = []
+    while True:
+        before = local.snapshot().bypasses.get(OWNER_UNAVAILABLE, 0)
+        seen.append(coll.find_one({"_id": 1}))
+        if local.snapshot().bypasses.get(OWNER_UNAVAILABLE, 0) > before:
+            local_after = time.monotonic() - killed_at
+            break
+        assert time.monotonic() - killed_at < 10, "the manager kept serving from a dead owner"
+        time.sleep(0.005)
+    lost = worker.result("read_until_owner_lost")
+    assert local_after <= HEARTBEAT_BOUND_S + SLACK_S, local_after
+    assert lost["at"] - killed_at <= HEARTBEAT_BOUND_S + SLACK_S, lost["at"] - killed_at
+    assert all(doc == {"_id": 1, "v": 1} for doc in seen)
+    assert lost["seen"] == [{"_id": 1, "v": 1}]
+
+    # Nobody invalidates the arena any more: a write must be seen at once.
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+    for _ in range(3):
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+        assert worker.read(db_name, "items", 1) == {"_id": 1, "v": 2}
+    assert local.snapshot().bypasses.get(OWNER_UNAVAILABLE, 0) >= 3
+    assert worker.snapshot()["bypasses"].get(OWNER_UNAVAILABLE, 0) >= 3
+    # A new manager cannot attach to the dead owner (stale socket file).
+    with pytest.raises(SharedCacheError):
+        CacheManager(client, shared=group.name, max_await_time_ms=TEST_MAX_AWAIT_MS)
+
+    # A new owner under the same name: a new manager attaches and is served.
+    new_owner = group.start_owner()
+    assert new_owner.pid != owner.pid
+    fresh = group.manager(client)
+    fresh_coll = ready_collection(fresh, db_name, "items")
+    assert fresh_coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+    wait_until(lambda: new_owner.snapshot()["entries"] == 1, what="the new owner admits")
+    assert fresh_coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}
+    assert fresh.snapshot().hits == 1
+    # The old managers never go back to the dead owner's arena.
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 3}})
+    wait_until(lambda: fresh_coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}, what="the new owner invalidates")
+    for _ in range(3):
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}
+        assert worker.read(db_name, "items", 1) == {"_id": 1, "v": 3}
+
+
+def test_workers_of_a_killed_owner_reattach_to_a_new_owner_of_the_same_name(
+    group, client, other_client, db_name
+):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}])
+    owner = group.start_owner()
+    (worker,) = group.spawn(1)
+    local = group.manager(client)
+    coll = ready_collection(local, db_name, "items")
+    worker.call("register", db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the admission is applied")
+    os.kill(owner.pid, signal.SIGKILL)
+    wait_until(
+        lambda: coll.find_one({"_id": 1}) and local.snapshot().bypasses.get(OWNER_UNAVAILABLE),
+        what="the manager notices the owner is gone",
+    )
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+
+    new_owner = group.start_owner()
+    # Both workers find the new owner by themselves and are served again,
+    # never with the dead owner's entry.
+    seen = worker.call("read_until_hit", db_name, "items", 1, DEADLINE_S)
+    assert seen == [{"_id": 1, "v": 2}]
+    hits = local.snapshot().hits
+    seen_local = []
+
+    def local_hit() -> bool:
+        seen_local.append(coll.find_one({"_id": 1}))
+        return local.snapshot().hits > hits
+
+    wait_until(local_hit, what="the in-process manager hits in the new owner's arena")
+    assert all(doc == {"_id": 1, "v": 2} for doc in seen_local), seen_local
+    snap = new_owner.snapshot()
+    assert snap["attached_workers"] == 2
+    assert snap["active_streams"] == 1
+    # One ring per attached worker: the old rings are gone.
+    assert len(group.ring_files()) == 2, group.ring_files()
+    # And the new owner's stream invalidates for them.
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 3}})
+    worker.call("read_until", db_name, "items", 1, {"_id": 1, "v": 3}, DEADLINE_S)
+    wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}, what="the write is seen")
+
+
+def test_a_killed_worker_is_detached_and_the_others_are_undisturbed(
+    group, client, other_client, db_name
+):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
+    owner = group.start_owner()
+    victim, survivor = group.spawn(2)
+    wait_until(lambda: owner.snapshot()["attached_workers"] == 2, what="both workers attach")
+    victim.call("register", db_name, "items")
+    survivor.call("register", db_name, "items")
+    assert victim.read(db_name, "items", 1) == {"_id": 1, "v": 1}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the victim's admission is applied")
+    assert len(group.ring_files(victim.pid)) == 1
+    assert len(group.ring_files(survivor.pid)) == 1
+
+    victim.process.kill()
+    victim.process.join(10)
+    assert victim.process.exitcode == -signal.SIGKILL
+
+    wait_until(lambda: owner.snapshot()["attached_workers"] == 1, what="the owner detaches the dead worker")
+    wait_until(lambda: not group.ring_files(victim.pid), what="the dead worker's ring file is removed")
+    assert len(group.ring_files(survivor.pid)) == 1
+    assert owner.snapshot()["owner_pid"] == owner.pid  # the owner still answers
+    # The survivor keeps hitting what the dead worker admitted, admits more,
+    # and sees writes.
+    assert survivor.read(db_name, "items", 1) == {"_id": 1, "v": 1}
+    assert survivor.snapshot()["hits"] == 1
+    assert survivor.read(db_name, "items", 2) == {"_id": 2, "v": 2}
+    wait_until(lambda: owner.snapshot()["entries"] == 2, what="the survivor's admission is applied")
+    assert survivor.read(db_name, "items", 2) == {"_id": 2, "v": 2}
+    assert survivor.snapshot()["hits"] == 2
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 11}})
+    survivor.call("read_until", db_name, "items", 1, {"_id": 1, "v": 11}, DEADLINE_S)
+    assert owner_stream(owner, db_name)["state"] == "healthy"
+    assert owner.snapshot()["active_streams"] == 1
+
+
+# =============================================================================
+# Ring overflow
+# =============================================================================
+
+
+def test_a_full_ring_drops_admissions_and_reads_stay_correct(group, client, db_name):
+    # Records of ~900 KB: a worker's 4 MiB ring holds four of them.
+    docs = [{"_id": i, "blob": f"{i:04d}" * 225_000} for i in range(12)]
+    seed(client, db_name, "items", docs)
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 0}) == docs[0]
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the first admission is applied")
+
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        # Miss on distinct documents while the owner drains nothing (quickly:
+        # once its heartbeat is older than its timeout, reads bypass and
+        # nothing is admitted).
+        results = [coll.find_one({"_id": i}) for i in range(1, 12)]
+        snap = manager.snapshot()
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+
+    assert results == docs[1:]
+    assert snap.rejected_admissions.get("ring_full", 0) > 0, snap
+    # The owner resumes: it admits what the ring held, and reads stay correct.
+    wait_until(lambda: owner.snapshot()["entries"] > 1, what="the owner drains the ring")
+    assert owner.snapshot()["admissions_dropped"] == snap.rejected_admissions["ring_full"]
+    for doc in docs:
+        assert coll.find_one({"_id": doc["_id"]}) == doc
+    wait_until(lambda: manager.snapshot().hits > 0, what="a hit after the owner resumed")
+    for doc in docs:
+        assert coll.find_one({"_id": doc["_id"]}) == doc
+
+
+# =============================================================================
+# Refusals
+# =============================================================================
+
+
+@pytest.mark.parametrize(
+    "name", ["", "a/b", "..", ".", "x" * 65, "sp ace", "é", "a\nb", 7, b"bytes"], ids=repr
+)
+def test_a_bad_name_is_refused_with_a_configuration_error(client, runtime_dir, server_uri, name):
+    with pytest.raises(CacheConfigurationError, match="name"):
+        CacheManager(client, shared=name)
+    with pytest.raises(CacheConfigurationError, match="name"):
+        SharedCache.start(name, server_uri)
+    assert list(runtime_dir.iterdir()) == []
+
+
+def test_attaching_without_a_running_owner_fails(client, group):
+    with pytest.raises(SharedCacheError, match=group.name):
+        CacheManager(client, shared=group.name)
+    assert list(group.runtime.iterdir()) == []
+
+
+def test_attaching_when_the_runtime_dir_does_not_exist_fails(client, monkeypatch, tmp_path):
+    monkeypatch.setenv("CQC_RUNTIME_DIR", str(tmp_path / "missing"))
+    with pytest.raises(SharedCacheError, match="does not exist"):
+        CacheManager(client, shared="anything")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_runtime_dir_accessible_to_others_is_refused(group, client):
+    group.start_owner()
+    group.runtime.chmod(0o755)
+    try:
+        with pytest.raises(SharedCacheError, match="0700") as info:
+            CacheManager(client, shared=group.name)
+        assert str(group.runtime) in str(info.value)
+        with pytest.raises(SharedCacheError, match="0700"):
+            SharedCache.start(f"{group.name}-2", group.uri, ready_timeout=30)
+    finally:
+        group.runtime.chmod(0o700)
+    assert group.ring_files() == []
+    # Closed up again, the same directory is accepted.
+    group.manager(client)
+
+
+def test_an_arena_file_accessible_to_others_is_refused(group, client):
+    owner = group.start_owner()
+    arena = group.runtime / f"{group.name}.arena"
+    assert stat.S_IMODE(arena.stat().st_mode) == 0o600
+    arena.chmod(0o644)
+    try:
+        with pytest.raises((SharedCacheError, PermissionError), match="private file") as info:
+            CacheManager(client, shared=group.name)
+        assert str(arena) in str(info.value)
+    finally:
+        arena.chmod(0o600)
+    assert group.ring_files() == []
+    assert owner.snapshot()["attached_workers"] == 0
+    group.manager(client)
+    assert owner.snapshot()["attached_workers"] == 1
+
+
+def test_a_refused_arena_leaves_no_control_connection_open(group, client):
+    group.start_owner()
+    arena = group.runtime / f"{group.name}.arena"
+    arena.chmod(0o644)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(PermissionError):
+                CacheManager(client, shared=group.name)
+            gc.collect()  # the traceback is gone: a leaked socket is collected now
+    finally:
+        arena.chmod(0o600)
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []
+
+
+def test_a_worker_of_another_deployment_is_refused(group, client, server_uri):
+    owner = group.start_owner()
+    query = server_uri.split("?", 1)[1] if "?" in server_uri else ""
+    elsewhere = pymongo.MongoClient(f"mongodb://127.0.0.1:9/?{query}", connect=False)
+    try:
+        with pytest.raises(SharedCacheError, match="deployments"):
+            CacheManager(elsewhere, shared=group.name)
+    finally:
+        elsewhere.close()
+    assert group.ring_files() == []
+    assert owner.snapshot()["attached_workers"] == 0
+
+
+def test_a_second_owner_with_the_same_name_fails_and_the_first_keeps_serving(
+    group, client, db_name
+):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}])
+    first = group.start_owner()
+    arena = group.runtime / f"{group.name}.arena"
+    inode = arena.stat().st_ino
+
+    with pytest.raises(SharedCacheError, match="already running"):
+        SharedCache.start(group.name, group.uri, ready_timeout=30)
+
+    assert arena.stat().st_ino == inode
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    wait_until(lambda: first.snapshot()["entries"] == 1, what="the first owner admits")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert manager.snapshot().hits == 1
+    assert first.snapshot()["owner_pid"] == first.pid
+
+
+# =============================================================================
+# fork()
+# =============================================================================
+
+
+def _in_forked_child(manager: CacheManager, coll: Any) -> dict[str, str]:
+    """Fork; in the child, read, snapshot and close, and report the class of
+    what each raised (or "returned") through a pipe."""
+    steps = {
+        "find_one": lambda: coll.find_one({"_id": 1}),
+        "find_one_other": lambda: coll.find_one({"_id": 2}),
+        "snapshot": manager.snapshot,
+        "close": manager.close,
+    }
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        try:
+            os.close(read_fd)
+            report = []
+            for name, step in steps.items():
+                try:
+                    step()
+                    report.append(f"{name}=returned")
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    report.append(f"{name}={type(exc).__name__}")
+            os.write(write_fd, ";".join(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    try:
+        while True:
+            assert time.monotonic() < deadline, "the forked child did not finish"
+            ready, _, _ = select.select([read_fd], [], [], 0.1)
+            if ready:
+                chunk = os.read(read_fd, 4096)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        os.close(read_fd)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    return dict(item.split("=", 1) for item in b"".join(chunks).decode().split(";"))
+
+
+def test_a_shared_manager_used_in_a_forked_child_raises_cache_forked_error(group, client, db_name):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the admission is applied")
+
+    report = _in_forked_child(manager, coll)
+
+    assert report == {
+        "find_one": "CacheForkedError",
+        "find_one_other": "CacheForkedError",
+        "snapshot": "CacheForkedError",
+        "close": "returned",
+    }
+    assert issubclass(CacheForkedError, RuntimeError)
+    # The parent is undisturbed: still attached, still hitting and admitting.
+    assert not manager.closed
+    assert owner.snapshot()["attached_workers"] == 1
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert manager.snapshot().hits == 1
+    assert coll.find_one({"_id": 2}) == {"_id": 2, "v": 2}
+    wait_until(lambda: owner.snapshot()["entries"] == 2, what="the parent's admission is applied")
+    assert coll.find_one({"_id": 2}) == {"_id": 2, "v": 2}
+    assert manager.snapshot().hits == 2
+
+
+def test_closing_a_forked_copy_leaves_the_parents_ring_file(group, client, db_name):
+    group.start_owner()
+    manager = group.manager(client)
+    (ring,) = group.ring_files(os.getpid())
+
+    report = _in_forked_child(manager, manager[db_name]["items"])
+
+    assert report["close"] == "returned"
+    assert ring.exists()
+
+
+# =============================================================================
+# Concurrent writes across processes
+# =============================================================================
+
+
+def test_concurrent_writes_across_processes_never_produce_a_stale_read(group, client, db_name):
+    docs, updates = 4, 300
+    seed(client, db_name, "items", [{"_id": d, "version": 0} for d in range(docs)])
+    owner = group.start_owner()
+    readers = group.spawn(3)
+    for r in readers:
+        r.call("register", db_name, "items")
+    # Every event before this one is applied once this one is: the baseline.
+    before = owner_stream(owner, db_name)["events"]
+    client[db_name].items.insert_one({"_id": "sentinel"})
+    baseline = wait_events(owner, db_name, before + 1)
+
+    for r in readers:
+        r.send("version_loop", db_name, "items", docs, baseline)
+    writer_results = _SPAWN.Queue()
+    writer = _SPAWN.Process(
+        target=_writer_main,
+        args=(group.uri, db_name, "items", docs, updates, 0.003, writer_results),
+        daemon=True,
+    )
+    writer.start()
+    try:
+        kind, value = writer_results.get(timeout=120)
+        assert kind == "ok", value
+        wait_events(owner, db_name, baseline + updates)
+        time.sleep(0.2)  # the readers read a while after the last event
+        group.stop_event.set()
+        outcomes = [r.result("version_loop", timeout=60) for r in readers]
+    finally:
+        group.stop_event.set()
+        writer.join(30)
+        if writer.is_alive():
+            writer.kill()
+            writer.join(10)
+        writer_results.close()
+        writer_results.cancel_join_thread()
+
+    # A read never returns less than the applied events guarantee. (A
+    # version going backwards is allowed by the guarantee: a miss may read a
+    # write from MongoDB before its event is applied, then hit an entry
+    # another worker admitted before that write; the loops count it.)
+    for out in outcomes:
+        assert out["stale_count"] == 0, out
+    assert all(out["reads"] > docs for out in outcomes), outcomes
+    assert sum(out["hits"] for out in outcomes) > 0, outcomes
+    # Every event applied: each worker's next read returns the final version.
+    final = {d: max(j for j in range(1, updates + 1) if j % docs == d) for d in range(docs)}
+    for r in readers:
+        for d in range(docs):
+            assert r.read(db_name, "items", d) == {"_id": d, "version": final[d]}
