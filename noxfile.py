@@ -72,6 +72,6 @@ def tests_sanitized(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench_quick(session: nox.Session) -> None:
-    """The hit-path benchmark, short run, against a disposable server."""
-    session.install(".[test]")
-    session.run("python", "-m", "benchmarks.hit_path", "--quick", *session.posargs)
+    """The shared-cache benchmark, short run, against a disposable server."""
+    session.install(".[bench]")
+    session.run("python", "-m", "benchmarks.public_shared_cache", "--quick", *session.posargs)
