@@ -21,6 +21,8 @@ import select
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -622,7 +624,8 @@ def test_a_killed_worker_is_detached_and_the_others_are_undisturbed(
 
 
 def test_a_full_ring_drops_admissions_and_reads_stay_correct(group, client, db_name):
-    # Records of ~900 KB: a worker's 4 MiB ring holds four of them.
+    # Records of ~900 KB: a worker's ring (two entries of the 1 MiB maximum)
+    # holds two of them.
     docs = [{"_id": i, "blob": f"{i:04d}" * 225_000} for i in range(12)]
     seed(client, db_name, "items", docs)
     owner = group.start_owner()
@@ -910,3 +913,48 @@ def test_concurrent_writes_across_processes_never_produce_a_stale_read(group, cl
     for r in readers:
         for d in range(docs):
             assert r.read(db_name, "items", d) == {"_id": d, "version": final[d]}
+
+
+def test_the_owner_process_imports_neither_pymongo_nor_the_facades():
+    # The owner's private memory is overhead the shared cache must earn back.
+    code = (
+        "import sys, client_query_cache.owner\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pymongo', 'bson')"
+        " or m.startswith(('client_query_cache.synchronous', 'client_query_cache.asynchronous')))\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_package_still_exports_its_public_names_lazily():
+    code = (
+        "import sys, client_query_cache as c\n"
+        "assert 'pymongo' not in sys.modules\n"
+        "from client_query_cache import CacheManager, AsyncCacheManager, SharedCache\n"
+        "assert CacheManager.__name__ == 'CacheManager'\n"
+        "assert all(getattr(c, n) is not None for n in c.__all__)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"
+
+
+def test_credentials_appear_neither_on_the_command_line_nor_in_snapshots_or_errors(
+    runtime_dir, server_uri
+):
+    secret = "s3cr3t-pw-7f1e"
+    uri = server_uri.replace("mongodb://", f"mongodb://cqcuser:{secret}@", 1)
+    owner = SharedCache.start("creds", uri, ready_timeout=30)
+    try:
+        cmdline = Path(f"/proc/{owner.pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{owner.pid}/environ").read_bytes()
+        assert secret.encode() not in cmdline
+        assert secret.encode() not in environ
+        assert secret not in repr(owner.snapshot())
+    finally:
+        owner.stop()
+    # A connection string the parser refuses: its message must not quote it.
+    with pytest.raises(CacheConfigurationError) as info:
+        SharedCache.start("creds", f"mongodb://cqcuser:{secret}@host:notaport/")
+    assert secret not in str(info.value)

@@ -6,14 +6,43 @@ are answered from memory, everything else goes to MongoDB unchanged. Entries
 are invalidated by following MongoDB change streams.
 """
 
-from ._core.config import CacheConfig
-from ._core.handle import SharedCache, SharedCacheConfig
-from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
-from ._core.reasons import BypassReason, RejectReason, StreamState
-from ._core.shared import SharedCacheError
-from ._core.snapshot import CacheSnapshot, StreamSnapshot
-from .asynchronous import AsyncCacheManager, AsyncCachedCollection, AsyncCachedDatabase
-from .synchronous import CachedCollection, CachedDatabase, CacheManager
+from typing import TYPE_CHECKING
+
+# Names resolve on first use (PEP 562): ``python -m client_query_cache.owner``
+# imports this package too, and the owner must not pay for PyMongo and the
+# facades in memory. ``from client_query_cache import CacheManager`` works as
+# usual.
+_EXPORTS = {
+    "CacheConfig": "._core.config",
+    "SharedCache": "._core.handle",
+    "SharedCacheConfig": "._core.handle",
+    "CacheError": "._core.errors",
+    "CacheConfigurationError": "._core.errors",
+    "CacheClosedError": "._core.errors",
+    "CacheForkedError": "._core.errors",
+    "BypassReason": "._core.reasons",
+    "RejectReason": "._core.reasons",
+    "StreamState": "._core.reasons",
+    "SharedCacheError": "._core.shared",
+    "CacheSnapshot": "._core.snapshot",
+    "StreamSnapshot": "._core.snapshot",
+    "AsyncCacheManager": ".asynchronous",
+    "AsyncCachedCollection": ".asynchronous",
+    "AsyncCachedDatabase": ".asynchronous",
+    "CacheManager": ".synchronous",
+    "CachedCollection": ".synchronous",
+    "CachedDatabase": ".synchronous",
+}
+
+if TYPE_CHECKING:
+    from ._core.config import CacheConfig
+    from ._core.handle import SharedCache, SharedCacheConfig
+    from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
+    from ._core.reasons import BypassReason, RejectReason, StreamState
+    from ._core.shared import SharedCacheError
+    from ._core.snapshot import CacheSnapshot, StreamSnapshot
+    from .asynchronous import AsyncCacheManager, AsyncCachedCollection, AsyncCachedDatabase
+    from .synchronous import CachedCollection, CachedDatabase, CacheManager
 
 __version__ = "0.1.0"
 
@@ -39,3 +68,18 @@ __all__ = [
     "SharedCacheError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

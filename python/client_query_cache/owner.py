@@ -25,15 +25,14 @@ import threading
 import time
 from typing import Any
 
-from bson.objectid import ObjectId
-
+# Deliberately lean: no PyMongo, no bson, no facade. The owner's private
+# memory is overhead the shared cache must earn back (docs/deployment.md).
 from . import _native
-from ._core.engine import decode_bson
 from ._core.errors import CacheClosedError, CacheForkedError
 from ._core.shared import (
     SharedCacheError,
-    deployment_of_uri,
     paths_for,
+    ring_bytes_for,
     peer_uid,
     recv_message,
     same_deployment,
@@ -53,11 +52,22 @@ HEARTBEAT_TIMEOUT_MS = 500
 # ============================================================================
 
 
+def _never_decodes(_data: bytes) -> Any:
+    raise RuntimeError("the owner does not decode documents")
+
+
+class _NoObjectId:
+    """Stands in for bson's ObjectId: the owner classifies no filters."""
+
+
 class _Owner:
     def __init__(self, config: dict[str, Any]) -> None:
         self.name = validate_name(config["name"])
         self.uri = config["uri"]
-        self.deployment = deployment_of_uri(self.uri)
+        deployment = config["deployment"]
+        if not isinstance(deployment, dict) or not isinstance(deployment.get("hosts"), list):
+            raise ValueError("the configuration lacks the deployment's hosts")
+        self.deployment = deployment
         self.max_entry_bytes = int(config["max_entry_bytes"])
         self.max_await_time_ms = int(config["max_await_time_ms"])
         self.paths = paths_for(self.name, create=True)
@@ -83,8 +93,8 @@ class _Owner:
             slot_count=int(config["slots"]),
             uri=self.uri,
             max_await_time_ms=self.max_await_time_ms,
-            decode=decode_bson,
-            objectid_type=ObjectId,
+            decode=_never_decodes,  # the owner serves no reads
+            objectid_type=_NoObjectId,
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
             mode=_native.MODE_OWNER,
@@ -145,7 +155,13 @@ class _Owner:
                     break
                 op = msg.get("op")
                 try:
-                    if op == "hello":
+                    if op == "info":
+                        reply = {
+                            "ok": True,
+                            "max_entry_bytes": self.max_entry_bytes,
+                            "ring_bytes": ring_bytes_for(self.max_entry_bytes),
+                        }
+                    elif op == "hello":
                         if not same_deployment(msg.get("deployment") or {}, self.deployment):
                             raise SharedCacheError(
                                 "the worker's client and the owner follow different deployments"
@@ -229,6 +245,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: owner.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: owner.stopping.set())
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+    # The starter stops reading after the ready line.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
     try:
         owner.serve()
     finally:

@@ -31,7 +31,7 @@ from .classify import KIND_FIND_ONE, FindOnePlan
 from .config import CacheConfig
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
-from .shared import DEFAULT_RING_BYTES, OwnerLink, SharedCacheError, ring_path
+from .shared import OwnerLink, SharedCacheError, ring_bytes_for, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
 
 __all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "MISS", "UNHEALTHY", "FALLBACK"]
@@ -120,12 +120,16 @@ class Engine:
         segment = ring_path(link.name)
         native = None
         try:
+            info = link.request("info")
+            ring_bytes = int(info["ring_bytes"])
+            if not ring_bytes_for(0) <= ring_bytes <= 1 << 30:
+                raise SharedCacheError(f"the owner of {link.name!r} asks for a ring of {ring_bytes} bytes")
             native = _native.Cache(
                 uri=None,
                 mode=_native.MODE_WORKER,
                 arena_path=str(link.paths["arena"]),
                 segment_path=str(segment),
-                ring_bytes=DEFAULT_RING_BYTES,
+                ring_bytes=ring_bytes,
                 **common,
             )
             reply = link.request("hello", pid=os.getpid(), segment=str(segment), deployment=deployment)

@@ -19,6 +19,7 @@ from .errors import CacheConfigurationError
 from .shared import (
     OwnerLink,
     SharedCacheError,
+    deployment_of_uri,
     paths_for,
     peer_uid,
     recv_message,
@@ -66,9 +67,17 @@ class SharedCache:
         )
         if arena_bytes is not None and (isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes <= 0):
             raise CacheConfigurationError("arena_bytes must be a positive int")
+        try:
+            # Parsed here, not in the owner: the owner does not import PyMongo
+            # (its memory counts against the cache's saving).
+            deployment = deployment_of_uri(uri)
+        except Exception:
+            # The parser's message could quote the connection string.
+            raise CacheConfigurationError("uri is not a valid MongoDB connection string") from None
         config = {
             "name": name,
             "uri": uri,
+            "deployment": deployment,
             "arena_bytes": arena_bytes or 0,
             "budget_bytes": budget_bytes,
             "slots": slots,
@@ -99,9 +108,12 @@ class SharedCache:
         if not ready.get("ready"):
             process.kill()
             process.wait()
+            reader.join()  # the pipe is at its end now
+            process.stdout.close()
             raise SharedCacheError(
                 f"the owner of {name!r} did not start: {ready.get('error', 'no answer')}"
             )
+        process.stdout.close()  # the owner writes nothing after its ready line
         return cls(name, process, int(ready["pid"]))
 
     def _request(self, op: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from .errors import CacheConfigurationError, CacheError
 
 __all__ = [
     "SharedCacheError",
+    "ring_bytes_for",
     "validate_name",
     "runtime_dir",
     "paths_for",
@@ -48,8 +49,20 @@ __all__ = [
 ]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-#: Bytes of a worker's admission ring.
-DEFAULT_RING_BYTES = 4 * 1024 * 1024
+#: Bytes of a worker's admission ring. A record takes at most half a ring (so
+#: that one always fits once the ring drains, wherever its head is), so a ring
+#: has room for two records of the largest admissible entry and its key. The
+#: owner drains every ring at least once a millisecond, so a ring rarely holds
+#: more than a few records, but every byte a worker ever wrote into it stays
+#: resident (shared memory): rings are kept no larger than that.
+MIN_RING_BYTES = 1024 * 1024
+RECORD_HEADROOM_BYTES = 64 * 1024
+
+
+def ring_bytes_for(max_entry_bytes: int) -> int:
+    """The ring size for entries of up to ``max_entry_bytes`` (whole pages)."""
+    size = max(MIN_RING_BYTES, 2 * (int(max_entry_bytes) + RECORD_HEADROOM_BYTES))
+    return (size + 4095) // 4096 * 4096
 
 
 class SharedCacheError(CacheError, RuntimeError):
