@@ -68,6 +68,12 @@ cqc_ring_push (void *mem, uint8_t kind, bool not_found, const cqc_token_t *tok,
    }
    if (cap - pos < need) {
       pad = cap - pos; /* the record goes to the start of the data area */
+   } else if (pos >= CQC_RING_SOFT_WRAP && head + (cap - pos) + need - tail <= cap) {
+      /* Far into the ring and the start is free: go back to it. Every page
+       * of a ring a worker ever wrote stays resident, so a ring the owner
+       * keeps drained touches only its first CQC_RING_SOFT_WRAP bytes plus
+       * one record; the rest is room for bursts and the largest entries. */
+      pad = cap - pos;
    }
    if (head + pad + need - tail > cap) {
       h->dropped++;

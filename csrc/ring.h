@@ -20,7 +20,9 @@
  *
  * `head` and `tail` are byte counters that only grow (mod 2^64); a record
  * never wraps: when it does not fit before the end of the data area the
- * producer writes a pad record (len with the PAD bit) and starts at 0.
+ * producer writes a pad record (len with the PAD bit) and starts at 0. It
+ * does the same past CQC_RING_SOFT_WRAP whenever the start of the ring is
+ * free, so a drained ring keeps its resident pages few.
  *
  * Trust: the consumer treats the segment as arbitrary bytes. Every length is
  * checked against the capacity and the bytes between tail and head before it
@@ -39,6 +41,8 @@
 #define CQC_RING_VERSION 1u
 #define CQC_RING_DATA_OFF 128u
 #define CQC_RING_PAD 0x80000000u
+/* A producer past this offset wraps early when the ring's start is free. */
+#define CQC_RING_SOFT_WRAP (256u * 1024u)
 
 typedef struct {
    uint64_t magic;
