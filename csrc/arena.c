@@ -304,7 +304,8 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
           memcmp (a->ring + c.block_off + CQC_BLOCK_HEADER, key, key_len) != 0) {
          continue;
       }
-      if (!entry_current_r (a, c.ns_idx, c.id_cell, c.flags, c.ns_epoch, c.gen, c.db_inc)) {
+      if ((c.flags & CQC_ENTRY_CONFLICT) ||
+          !entry_current_r (a, c.ns_idx, c.id_cell, c.flags, c.ns_epoch, c.gen, c.db_inc)) {
          return CQC_LOOKUP_MISS;
       }
       if (!(c.flags & CQC_ENTRY_NOT_FOUND)) {
@@ -679,6 +680,30 @@ token_current_w (const cqc_arena_t *a, const cqc_token_t *tok)
                            tok->db_inc);
 }
 
+static bool
+same_generations_w (const cqc_slot_t *s, const cqc_token_t *tok)
+{
+   return s->ns_epoch == tok->ns_epoch && s->gen == tok->gen && s->db_inc == tok->db_inc &&
+          s->id_cell == tok->id_cell;
+}
+
+/* Two reads captured under the same generations returned different results
+ * only if a write landed between them whose event is not applied yet. The
+ * order of their admissions says nothing about the order of the reads, so
+ * neither result may be served: the newer one may already have been
+ * returned to a caller that would then read back in time. */
+static bool
+other_result_w (const cqc_arena_t *a, const cqc_slot_t *s, uint16_t flags, const uint8_t *val,
+                uint32_t val_len)
+{
+   if ((s->flags & CQC_ENTRY_NOT_FOUND) != (flags & CQC_ENTRY_NOT_FOUND) ||
+       s->val_len != val_len) {
+      return true;
+   }
+   return val_len != 0 &&
+          memcmp (a->ring + s->block_off + CQC_BLOCK_HEADER + s->key_len, val, val_len) != 0;
+}
+
 cqc_admit_t
 cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const uint8_t *key,
                    uint32_t key_len, const uint8_t *val, uint32_t val_len, uint16_t flags)
@@ -691,6 +716,7 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    block_hdr_t *bh;
    cqc_slot_t *s;
    bool stalled;
+   bool conflict = false;
 
    if (!tok->healthy || tok->db_idx >= h->geo.db_count ||
        cqc_arena_r_db_state (a, tok->db_idx, &stalled) != CQC_STREAM_HEALTHY) {
@@ -711,7 +737,26 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
       flags |= CQC_ENTRY_IDENTITY;
    }
    if (slot_find_w (a, hash, key, key_len, tok->ns_idx, &existing)) {
+      const cqc_slot_t *e = &a->slots[existing];
+
+      if (same_generations_w (e, tok)) {
+         if (e->flags & CQC_ENTRY_CONFLICT) {
+            /* A third read under these generations cannot tell which of the
+             * disagreeing results is the newer: the marker stays until the
+             * pending event moves the generations on. */
+            h->rejected_conflict++;
+            return CQC_ADMIT_CONFLICT;
+         }
+         conflict = other_result_w (a, e, flags, val, val_len);
+      }
       slot_remove_w (a, existing);
+      if (conflict) {
+         /* Replace the entry by a marker: no value, never served. */
+         flags = (uint16_t) ((flags & CQC_ENTRY_IDENTITY) | CQC_ENTRY_CONFLICT);
+         val = NULL;
+         val_len = 0;
+         need = align_up ((uint64_t) CQC_BLOCK_HEADER + key_len, 8);
+      }
    }
    /* Keep the table at most 3/4 full so probe chains stay short. */
    while (h->entries >= (uint64_t) h->geo.slot_count / 4 * 3 && h->ring_span > 0) {
@@ -762,6 +807,10 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    }
    h->used_bytes += need;
    h->entries++;
+   if (conflict) {
+      h->rejected_conflict++;
+      return CQC_ADMIT_CONFLICT;
+   }
    h->admissions++;
    return CQC_ADMIT_OK;
 }

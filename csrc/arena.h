@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
-#define CQC_LAYOUT_VERSION 1u
+#define CQC_LAYOUT_VERSION 2u
 
 #define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
 #define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
@@ -56,6 +56,8 @@
 /* Entry flags (cqc_slot_t.flags). */
 #define CQC_ENTRY_IDENTITY 0x1u  /* validated by an identity generation */
 #define CQC_ENTRY_NOT_FOUND 0x2u /* cached "no document": value is empty */
+#define CQC_ENTRY_CONFLICT 0x4u  /* marker: reads under these generations disagreed;
+                                  * never served, refuses admissions until they change */
 
 /* Stream health, stored in cqc_db_t.health. Only HEALTHY serves. */
 typedef enum {
@@ -158,6 +160,7 @@ typedef struct {
    uint64_t rejected_health; /* stream not healthy at admission */
    uint64_t rejected_size;   /* entry larger than the arena accepts */
    uint64_t rejected_probe;  /* no free slot within CQC_MAX_PROBE */
+   uint64_t rejected_conflict; /* same generations, other bytes (marker kept) */
    uint64_t evictions;
    uint64_t invalidations;
 } cqc_arena_header_t;
@@ -244,6 +247,12 @@ typedef enum {
    CQC_ADMIT_UNHEALTHY = 2,
    CQC_ADMIT_TOO_LARGE = 3,
    CQC_ADMIT_NO_SLOT = 4,
+   /* An entry admitted under the same generations holds other bytes: a write
+    * landed between the two reads and its event is not applied yet. The entry
+    * is replaced by a conflict marker that is never served and refuses every
+    * admission under those generations, so that no reader goes back from the
+    * newer result to the older one. */
+   CQC_ADMIT_CONFLICT = 5,
 } cqc_admit_t;
 
 bool cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t *idx,

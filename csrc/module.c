@@ -964,6 +964,7 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
    SET_U64 (d, "rejected_unhealthy", h.rejected_health);
    SET_U64 (d, "rejected_too_large", h.rejected_size);
    SET_U64 (d, "rejected_no_slot", h.rejected_probe);
+   SET_U64 (d, "rejected_conflict", h.rejected_conflict);
    SET_U64 (d, "evictions", h.evictions);
    SET_U64 (d, "invalidations", h.invalidations);
    SET_U64 (d, "used_bytes", h.used_bytes);
@@ -1270,6 +1271,7 @@ PyInit__native (void)
        PyModule_AddIntConstant (m, "ADMIT_UNHEALTHY", CQC_ADMIT_UNHEALTHY) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_TOO_LARGE", CQC_ADMIT_TOO_LARGE) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_NO_SLOT", CQC_ADMIT_NO_SLOT) < 0 ||
+       PyModule_AddIntConstant (m, "ADMIT_CONFLICT", CQC_ADMIT_CONFLICT) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_QUEUED", ADMIT_QUEUED) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_DROPPED", ADMIT_DROPPED) < 0 ||
        PyModule_AddIntConstant (m, "MODE_LOCAL", MODE_LOCAL) < 0 ||

@@ -10,6 +10,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import bson
 import pymongo
 import pytest
 from bson.codec_options import CodecOptions
@@ -381,6 +382,75 @@ def test_a_write_racing_a_miss_is_not_admitted(manager, client, other_client, db
     assert after.admissions == before.admissions
     assert _by_id(coll, 1) == final
     assert manager.snapshot().hits == after.hits  # that was a miss, not a stale hit
+
+
+def _hold_back_one_admission(manager: CacheManager) -> list[tuple[Any, bytes, Any]]:
+    """Make the next miss record (plan, token, raw result) instead of admitting."""
+    engine = manager._engine
+    held: list[tuple[Any, bytes, Any]] = []
+    real_admit = engine.admit
+
+    def hold(plan: Any, token: bytes, raw: Any) -> None:
+        held.append((plan, token, raw))
+        engine.admit = real_admit  # only this one
+
+    engine.admit = hold
+    return held
+
+
+@pytest.mark.parametrize("older_first", [True, False], ids=["older-first", "newer-first"])
+def test_reads_under_one_generation_with_different_results_are_never_served(
+    manager, client, other_client, db_name, older_first
+):
+    # Misses captured under the same generations that read different bytes
+    # straddle a write whose event is not applied yet. Whatever the order of
+    # their admissions, none may be served: serving the older after the newer
+    # was returned would read backwards. A third admission under the same
+    # generations (either version) is refused too, until the write's event
+    # moves them on.
+    client[db_name].items.insert_one({"_id": 1, "v": "old"})
+    coll = ready_collection(manager, db_name, "items")
+    held = _hold_back_one_admission(manager)
+    assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
+    ((plan, token, older),) = held
+    newer = RawBSONDocument(bson.encode({"_id": 1, "v": "new"}))
+    before = manager.snapshot()
+
+    for raw in (older, newer, older, newer) if older_first else (newer, older, newer, older):
+        manager._engine.admit(plan, token, raw)
+
+    after = manager.snapshot()
+    assert after.admissions == before.admissions + 1
+    assert after.rejected_admissions.get("conflict", 0) == before.rejected_admissions.get("conflict", 0) + 3
+    # The server still holds "old" (the "new" read was simulated): reads go
+    # to it, and their admissions are refused as well.
+    assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
+    assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
+    snap = manager.snapshot()
+    assert snap.misses == after.misses + 2
+    assert snap.hits == after.hits
+    assert snap.rejected_admissions["conflict"] == after.rejected_admissions["conflict"] + 2
+
+    # Once a write's event moves the generation on, the document is cached again.
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": "newest"}})
+    wait_until(lambda: _by_id(coll, 1) == {"_id": 1, "v": "newest"}, what="the update reaches the cache")
+    _cache_twice(manager, coll, 1, {"_id": 1, "v": "newest"})
+
+
+def test_the_same_result_admitted_twice_under_one_generation_stays_cached(manager, client, db_name):
+    client[db_name].items.insert_one({"_id": 1, "v": "old"})
+    coll = ready_collection(manager, db_name, "items")
+    held = _hold_back_one_admission(manager)
+    assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
+    (plan, token, raw), = held
+
+    manager._engine.admit(plan, token, raw)
+    manager._engine.admit(plan, token, RawBSONDocument(bytes(raw.raw)))
+
+    snap = manager.snapshot()
+    assert snap.rejected_admissions.get("conflict", 0) == 0
+    assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
+    assert manager.snapshot().hits == snap.hits + 1
 
 
 # -- bypass reasons -------------------------------------------------------------

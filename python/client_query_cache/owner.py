@@ -128,6 +128,7 @@ class _Owner:
                 "unhealthy": stats["rejected_unhealthy"],
                 "too_large": stats["rejected_too_large"],
                 "no_slot": stats["rejected_no_slot"],
+                "conflict": stats["rejected_conflict"],
             },
             "admissions_dropped": stats["ring_dropped"],
             "attached_workers": stats["attached_rings"],

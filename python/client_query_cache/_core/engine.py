@@ -307,6 +307,7 @@ class Engine:
             ("rejected_unhealthy", RejectReason.UNHEALTHY),
             ("rejected_too_large", RejectReason.TOO_LARGE),
             ("rejected_no_slot", RejectReason.NO_SLOT),
+            ("rejected_conflict", RejectReason.CONFLICT),
         ):
             if stats[name]:
                 rejects[reason.value] = stats[name]

@@ -61,6 +61,11 @@ class RejectReason(str, enum.Enum):
     TOO_LARGE = "too_large"
     #: No free slot within the probe limit of the entry table.
     NO_SLOT = "no_slot"
+    #: Another read under the same generations returned other bytes (a write
+    #: landed between them and its event was not applied yet): the entry is
+    #: replaced by a marker that is never served, and admissions under those
+    #: generations are refused until the write's event is applied.
+    CONFLICT = "conflict"
     #: A shared-cache worker's admission ring was full (the owner lags).
     RING_FULL = "ring_full"
 
