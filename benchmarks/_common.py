@@ -105,3 +105,13 @@ def write_json(path: str, report: dict[str, Any]) -> None:
 
 def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def exit_code(problems: Sequence[str], headline: str = "CHECKS FAILED:") -> int:
+    """Print the failed checks (if any) to stderr; the process exit code."""
+    if not problems:
+        return 0
+    print(headline, file=sys.stderr)
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    return 1

@@ -66,7 +66,7 @@ import pymongo
 from bson.raw_bson import RawBSONDocument
 from pymongo.read_concern import ReadConcern
 
-from ._common import machine_facts, make_document, progress, summarize, write_json
+from ._common import exit_code, machine_facts, make_document, progress, summarize, write_json
 
 SCHEMA = "client-query-cache/public-shared-cache/1"
 
@@ -1280,12 +1280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _plot(args.png, windows, report)
         print(f"wrote {args.png}")
     print(f"elapsed {report['elapsed_seconds']:.0f}s")
-    if problems:
-        print("CHECKS FAILED (the figures above are not what this benchmark means to measure):", file=sys.stderr)
-        for p in problems:
-            print(f"  {p}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(
+        problems, "CHECKS FAILED (the figures above are not what this benchmark means to measure):"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1412 @@
+"""Workload benchmark: read/write mixes x document sizes, and invalidation latency.
+
+Part 1, the mix matrix. For each mix (the share of reads among operations)
+
+  read_heavy      95% reads,  5% writes
+  balanced        50% reads, 50% writes
+  write_dominant  10% reads, 90% writes
+
+and each document size (``benchmarks._common.make_document`` at about
+200 B / 2 KiB / 20 KiB of BSON; for 200 B its bulkiest fields are dropped,
+because its fixed fields alone take about 1.4 KiB), one process runs the same
+seeded operation sequence over three read paths, interleaved operation by
+operation (the order of the three paths rotates from one operation to the
+next):
+
+  direct  PyMongo ``find_one`` at the primary with read concern majority;
+  local   a process-local ``CacheManager`` (32 MiB budget, 16,384 slots);
+  shared  ``CacheManager(client, shared=name)`` attached to an owner started
+          with ``SharedCache.start`` (40 MiB arena, 32 MiB budget, 16,384
+          slots).
+
+Each path has a client and a database of its own (so each cache follows only
+its own path's writes) holding identical copies of the cell's documents. A read
+is ``find_one({"_id": k})``, a write ``update_one({"_id": k}, {"$set":
+{"version": v}})`` through the path's collection (for the cached paths the
+wrapped collection, whose writes are PyMongo's); ``k`` is drawn from a
+Zipf-like distribution (exponent 0.99, YCSB's) over the cell's documents, in a
+seeded random rank order, and ``v`` is unique per operation. Before the timed
+operations the cached paths are warmed until a whole pass over the documents
+hits. Every operation is timed with ``perf_counter_ns``; after its stop
+timestamp each read is verified: its BSON must be the inserted document with
+the ``version`` it carries, and that version must not be newer than the
+path's last acknowledged write to the key. Reads that return an older version
+than the path's own last acknowledged write are counted as ``stale`` (the
+caches are invalidated asynchronously, through change streams, so a read right
+after a write may still be served the previous version); any other mismatch
+fails the run. Per cell and path: read p50/p95/p99, write p50, hits and misses
+(from the managers' snapshots), stale reads, and the cached/direct ratio of
+read p50.
+
+Part 2, invalidation latency. Several spawned worker processes (4 by default)
+read a small set of documents (4, about 2 KiB each) in a loop through a shared
+cache (one owner, every worker attached) and, in a second phase, through a
+process-local ``CacheManager`` each. The parent writes ``update_one({"_id":
+k}, {"$set": {"version": v}})``, with a version that increases with every
+write, to a seeded random document each time the workers have completed 20
+reads in all since its previous write was sent (one update every 20 reads;
+one write at a time). Free-running workers would outrun the writer on this
+machine (and starve the server of CPU), so the writer paces them: after each
+write it lengthens a pause every worker sleeps after each read when more than
+22 reads came between two writes, and shortens it when it had to wait for
+them (``--free-running`` turns this off; the report gives the achieved reads
+per write either way). Every process timestamps with ``time.monotonic_ns``
+(CLOCK_MONOTONIC, one clock for the whole host); the parent takes a write's
+acknowledgement time right after ``update_one`` returned, each worker records
+every read (document, version, start, end). Per write:
+
+  upper bound  the latest, over the workers, end of a worker's first read
+               that returned that version or a newer one, minus the
+               acknowledgement: every worker has observed the write (the
+               headline figure; it includes that read, usually a miss, and
+               the gap between two reads of the same document);
+  lower bound  the latest start of a read, by any worker, that still returned
+               an older version, minus the acknowledgement;
+
+both clamped at 0 (all workers switched before the writer saw its
+acknowledgement). Reported: p50/p95/p99/max of both, the number of writes,
+reads per write, stale observations after the bound (reads that returned an
+older version and started after the upper bound: there must be none) and
+backwards reads (a worker reading an older version of a document than it had
+already read: two reads under one generation that returned different bytes
+leave a never-served marker instead of an entry, so this stays 0 except in a
+window of about the owner's drain interval in the shared cache, where another
+worker's older admission can be applied before this worker's own), the
+interval between a worker's reads of one document (the upper bound's
+resolution) and the duration of the read that set the upper bound.
+After the last write, workers keep reading until they have observed every
+document's final version, then 200 ms more.
+
+    python -m benchmarks.workloads --json out.json   # full (a few minutes)
+    python -m benchmarks.workloads --quick           # smoke run (well under 90 s)
+
+Quantiles are nearest-rank. Uses the disposable server unless MONGODB_URI names
+a deployment; the benchmark works in databases of its own
+(``cqc_bench_<random>_*``) and drops them afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import bisect
+import contextlib
+import dataclasses
+import gc
+import hashlib
+import itertools
+import multiprocessing
+import os
+import queue as queue_mod
+import random
+import secrets
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import bson
+import pymongo
+from bson.raw_bson import RawBSONDocument
+from pymongo.read_concern import ReadConcern
+
+from ._common import exit_code, machine_facts, make_document, progress, quantile, summarize, write_json
+
+SCHEMA = "cqc.workloads/1"
+
+#: Share of reads among the operations of each mix.
+MIXES: dict[str, float] = {"read_heavy": 0.95, "balanced": 0.50, "write_dominant": 0.10}
+#: Target BSON bytes of each document size.
+SIZES: dict[str, int] = {"small": 200, "medium": 2048, "large": 20480}
+#: Paths of the mix matrix, and of the invalidation measurement.
+PATHS = ("direct", "local", "shared")
+INV_PATHS = ("shared", "local")
+
+MiB = 1024 * 1024
+#: The owner's geometry (as in DESIGN.md's benchmark); the local managers get
+#: the same budget and slot count.
+OWNER_ARENA_BYTES = 40 * MiB
+OWNER_BUDGET_BYTES = 32 * MiB
+OWNER_SLOTS = 16384
+LOCAL_BUDGET_BYTES = 32 * MiB
+LOCAL_SLOTS = 16384
+#: Change-stream getMore wait of every cache (the library's default).
+MAX_AWAIT_TIME_MS = 1000
+#: An owner whose harness died without stopping it exits this long after its
+#: last worker detached (a safety net; the harness always stops it).
+OWNER_IDLE_EXIT_S = 60.0
+
+#: Zipf exponent of the key distribution (YCSB's "zipfian constant").
+ZIPF_S = 0.99
+#: Part 2: one write per this many reads (all workers together).
+READS_PER_WRITE = 20
+#: Part 2: document size, and how many documents the workers read: few, so
+#: that each worker reads each of them often (the resolution of the upper
+#: bound is the interval between two reads of the same document).
+INV_DOC_BYTES = 2048
+INV_KEYS = 4
+#: Part 2: how long workers keep reading after observing every final version.
+TAIL_NS = 200_000_000
+#: Part 2: bounds of the pause after each read that paces the workers.
+PACE_START_S = 0.0005
+PACE_MIN_S = 0.00002
+PACE_MAX_S = 0.05
+#: A cached path gives up warming after this many passes over its documents.
+MAX_WARM_PASSES = 50
+#: Part 1: reads of the direct path before the timed operations.
+DIRECT_WARM_READS = 32
+INSERT_BATCH = 500
+DIGEST_BYTES = 16
+#: Mismatch examples kept for the error message.
+MAX_EXAMPLES = 5
+
+FULL = {"keys": 1000, "ops": 2000, "writes": 500}
+QUICK = {"keys": 100, "ops": 200, "writes": 60}
+
+
+class BenchmarkFailed(RuntimeError):
+    """A read returned a wrong document, a process failed, or a wait timed out."""
+
+
+# ============================================================================
+# Documents and verification
+# ============================================================================
+
+
+def _digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=DIGEST_BYTES).digest()
+
+
+def sized_document(i: int, rng: random.Random, target_bytes: int) -> dict[str, Any]:
+    """``make_document(i, rng, target_bytes)``; when its fixed fields alone
+    exceed the target (about 1.4 KiB), the bulkiest of them are dropped and
+    the text field is sized again. ``version`` is always kept (writes set it)."""
+    doc = make_document(i, rng, target_bytes)
+    if len(bson.encode(doc)) <= target_bytes + 16:
+        return doc
+    for field in ("bio", "history", "tags", "address"):
+        doc.pop(field, None)
+        if len(bson.encode(doc)) <= target_bytes:
+            break
+    filled = len(bson.encode(doc)) + 12
+    words = []
+    while filled < target_bytes:
+        word = rng.choice(["lorem", "ipsum", "dolor", "sit", "amet", "cache", "mongo"])
+        words.append(word)
+        filled += len(word) + 1
+    if words:
+        doc["bio"] = " ".join(words)
+    return doc
+
+
+class Expected:
+    """What a read of a document at a given version must return: the inserted
+    document with its ``version`` field set to that version, as the
+    collection's codec options decode it (compared by digest of the BSON)."""
+
+    def __init__(self, raws: Sequence[bytes], codec: Any) -> None:
+        self._codec = codec
+        self._base = []
+        for k, raw in enumerate(raws):
+            doc = bson.decode(raw, codec)
+            if bson.encode(doc, codec_options=codec) != raw:
+                raise BenchmarkFailed(f"document {k} does not survive a decode/encode round trip")
+            self._base.append(doc)
+        self._digests: dict[tuple[int, int], bytes] = {}
+
+    def digest(self, key: int, version: int) -> bytes:
+        d = self._digests.get((key, version))
+        if d is None:
+            doc = {**self._base[key], "version": version}
+            d = _digest(bson.encode(doc, codec_options=self._codec))
+            self._digests[(key, version)] = d
+        return d
+
+    def check(self, key: int, got: Any) -> tuple[int | None, str | None]:
+        """The version a read result carries, or a reason it is wrong."""
+        if got is None:
+            return None, "no document"
+        version = got.get("version")
+        if type(version) is not int:
+            return None, f"version {version!r}"
+        if _digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
+            return version, f"content differs from document {key} at version {version}"
+        return version, None
+
+
+def _insert(coll: Any, raws: Sequence[bytes]) -> None:
+    for start in range(0, len(raws), INSERT_BATCH):
+        coll.insert_many([RawBSONDocument(r) for r in raws[start : start + INSERT_BATCH]], ordered=False)
+
+
+def _documents(count: int, target_bytes: int, seed: str) -> list[bytes]:
+    rng = random.Random(seed)
+    return [bson.encode(sized_document(i, rng, target_bytes)) for i in range(count)]
+
+
+def zipf_keys(n: int, count: int, rng: random.Random, s: float = ZIPF_S) -> list[int]:
+    """``count`` keys in ``range(n)``, Zipf-distributed over a random rank order."""
+    cum = list(itertools.accumulate(1.0 / (r + 1) ** s for r in range(n)))
+    by_rank = list(range(n))
+    rng.shuffle(by_rank)
+    return [by_rank[r] for r in rng.choices(range(n), cum_weights=cum, k=count)]
+
+
+class Status:
+    """Progress lines on stderr, with the time since the run started."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self._start = time.monotonic()
+        self._quiet = quiet
+
+    def __call__(self, message: str) -> None:
+        if not self._quiet:
+            progress(f"[{time.monotonic() - self._start:6.1f}s] {message}")
+
+
+def _new_name(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _start_owner(name: str, uri: str) -> Any:
+    from client_query_cache import SharedCache
+
+    return SharedCache.start(
+        name,
+        uri,
+        arena_bytes=OWNER_ARENA_BYTES,
+        budget_bytes=OWNER_BUDGET_BYTES,
+        slots=OWNER_SLOTS,
+        max_await_time_ms=MAX_AWAIT_TIME_MS,
+        idle_exit_seconds=OWNER_IDLE_EXIT_S,
+    )
+
+
+def _stop_owner(owner: Any) -> None:
+    """Stop the owner and remove the (empty) lock file it leaves behind; the
+    name is this run's own, so nobody else uses it."""
+    with contextlib.suppress(Exception):
+        owner.stop()
+    with contextlib.suppress(Exception):
+        from client_query_cache._core.shared import paths_for
+
+        paths_for(owner.name)["lock"].unlink()
+
+
+def _warm_until_hits(manager: Any, reader: Any, keys: int, timeout: float, what: str) -> int:
+    """Read every key until a whole pass hits; return the passes it took."""
+    deadline = time.monotonic() + timeout
+    for passes in range(1, MAX_WARM_PASSES + 1):
+        h0 = manager.snapshot().hits
+        for k in range(keys):
+            reader.find_one({"_id": k})
+        if manager.snapshot().hits - h0 == keys:
+            return passes
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    raise BenchmarkFailed(f"{what}: documents still missing after {passes} warm-up passes")
+
+
+# ============================================================================
+# Part 1: the mix matrix
+# ============================================================================
+
+
+class MatrixPaths:
+    """The three paths of the matrix: a client and a database each, the local
+    manager and the shared owner with this process attached to it."""
+
+    def __init__(self, uri: str, db_prefix: str, timeout: float) -> None:
+        from client_query_cache import CacheManager
+
+        self.timeout = timeout
+        self.dbs = {p: f"{db_prefix}_{p}" for p in PATHS}
+        self.clients: dict[str, pymongo.MongoClient[Any]] = {}
+        self.owner: Any = None
+        self.managers: dict[str, Any] = {}
+        try:
+            for p in PATHS:
+                self.clients[p] = pymongo.MongoClient(uri)
+            self.owner = _start_owner(_new_name("cqc-wl-matrix"), uri)
+            self.managers["local"] = CacheManager(
+                self.clients["local"],
+                budget_bytes=LOCAL_BUDGET_BYTES,
+                slot_count=LOCAL_SLOTS,
+                max_await_time_ms=MAX_AWAIT_TIME_MS,
+            )
+            self.managers["shared"] = CacheManager(self.clients["shared"], shared=self.owner.name)
+        except BaseException:
+            self.close()
+            raise
+
+    def raw(self, path: str, coll: str) -> Any:
+        return self.clients[path][self.dbs[path]][coll]
+
+    def reader(self, path: str, coll: str) -> Any:
+        if path == "direct":
+            return self.raw(path, coll).with_options(read_concern=ReadConcern("majority"))
+        return self.managers[path][self.dbs[path]][coll]
+
+    def close(self) -> None:
+        for m in self.managers.values():
+            with contextlib.suppress(Exception):
+                m.close()
+        self.managers = {}
+        if self.owner is not None:
+            _stop_owner(self.owner)
+            self.owner = None
+        for p, c in self.clients.items():
+            with contextlib.suppress(Exception):
+                c.drop_database(self.dbs[p])
+            c.close()
+        self.clients = {}
+
+
+def run_cell(
+    paths: MatrixPaths, mix: str, size: str, *, keys: int, ops: int, seed: int, status: Status
+) -> dict[str, Any]:
+    """One mix and size: insert, warm, run the interleaved operations, verify."""
+    read_fraction, target = MIXES[mix], SIZES[size]
+    coll_name = f"{mix}_{size}"
+    raws = _documents(keys, target, f"{seed}/docs/{mix}/{size}")
+    rng = random.Random(f"{seed}/ops/{mix}/{size}")
+    plan = [(rng.random() < read_fraction, k) for k in zipf_keys(keys, ops, rng)]
+
+    status(f"{mix}/{size}: inserting {keys} documents of ~{sum(map(len, raws)) // keys} B into 3 databases")
+    for p in PATHS:
+        _insert(paths.raw(p, coll_name), raws)
+    try:
+        return _run_cell_ops(paths, mix, size, coll_name, raws, plan, status)
+    finally:
+        # Dropped at once: the next cells do not share a budget with this one.
+        for p in PATHS:
+            with contextlib.suppress(Exception):
+                paths.raw(p, coll_name).drop()
+
+
+def _run_cell_ops(
+    paths: MatrixPaths,
+    mix: str,
+    size: str,
+    coll_name: str,
+    raws: list[bytes],
+    plan: list[tuple[bool, int]],
+    status: Status,
+) -> dict[str, Any]:
+    keys = len(raws)
+    readers = {p: paths.reader(p, coll_name) for p in PATHS}
+    # Writes go through the path's collection: for the cached paths the
+    # wrapped collection, whose update_one is PyMongo's.
+    writers = {p: (paths.raw(p, coll_name) if p == "direct" else paths.reader(p, coll_name)) for p in PATHS}
+    expected = Expected(raws, paths.raw("direct", coll_name).codec_options)
+
+    status(f"{mix}/{size}: warming up")
+    warm_passes: dict[str, int] = {}
+    for p in ("local", "shared"):
+        manager = paths.managers[p]
+        readers[p].find_one({"_id": 0})  # registers the namespace, starts its stream
+        if not manager.wait_ready(paths.timeout, database=paths.dbs[p]):
+            raise BenchmarkFailed(f"{mix}/{size} {p}: the change stream did not become ready")
+        warm_passes[p] = _warm_until_hits(manager, readers[p], keys, paths.timeout, f"{mix}/{size} {p}")
+    for k in range(min(keys, DIRECT_WARM_READS)):
+        readers["direct"].find_one({"_id": k})
+    for p in PATHS:  # opens the write path; matches nothing, so no change event
+        writers[p].update_one({"_id": -1}, {"$set": {"version": 0}})
+
+    current = {p: [1] * keys for p in PATHS}
+    read_ns: dict[str, list[int]] = {p: [] for p in PATHS}
+    write_ns: dict[str, list[int]] = {p: [] for p in PATHS}
+    stale = dict.fromkeys(PATHS, 0)
+    stale_behind: dict[str, list[int]] = {p: [] for p in PATHS}
+    wrong_results = 0
+    examples: list[str] = []
+    before = {p: paths.managers[p].snapshot() for p in ("local", "shared")}
+    owner_before = paths.owner.snapshot()
+    rotations = [PATHS[r:] + PATHS[:r] for r in range(len(PATHS))]
+    clock = time.perf_counter_ns
+
+    status(f"{mix}/{size}: {len(plan)} operations x 3 paths")
+    gc.collect()
+    started = time.perf_counter()
+    for j, (is_read, key) in enumerate(plan):
+        order = rotations[j % len(rotations)]
+        if is_read:
+            for p in order:
+                reader = readers[p]
+                filt = {"_id": key}
+                t0 = clock()
+                got = reader.find_one(filt)
+                t1 = clock()
+                read_ns[p].append(t1 - t0)
+                version, wrong = expected.check(key, got)
+                cur = current[p][key]
+                if wrong is None and version is not None and version > cur:
+                    wrong = f"version {version} is newer than the last write ({cur})"
+                if wrong is not None:
+                    wrong_results += 1
+                    if len(examples) < MAX_EXAMPLES:
+                        examples.append(f"{p} read of {key} at operation {j}: {wrong}")
+                elif version is not None and version < cur:
+                    stale[p] += 1
+                    stale_behind[p].append(cur - version)
+                del got
+        else:
+            version = j + 2
+            update = {"$set": {"version": version}}
+            for p in order:
+                writer = writers[p]
+                filt = {"_id": key}
+                t0 = clock()
+                result = writer.update_one(filt, update)
+                t1 = clock()
+                write_ns[p].append(t1 - t0)
+                if result.matched_count != 1:
+                    wrong_results += 1
+                    if len(examples) < MAX_EXAMPLES:
+                        examples.append(f"{p} write of {key} matched {result.matched_count} documents")
+                current[p][key] = version
+    wall = time.perf_counter() - started
+    after = {p: paths.managers[p].snapshot() for p in ("local", "shared")}
+    owner_after = paths.owner.snapshot()
+    if wrong_results:
+        raise BenchmarkFailed(f"{mix}/{size}: {wrong_results} wrong results, e.g.:\n  " + "\n  ".join(examples))
+
+    out_paths: dict[str, Any] = {}
+    direct_p50 = summarize(read_ns["direct"])["p50_us"]
+    for p in PATHS:
+        reads = len(read_ns[p])
+        entry: dict[str, Any] = {
+            "reads": reads,
+            "writes": len(write_ns[p]),
+            "read": summarize(read_ns[p]),
+            "write": summarize(write_ns[p]),
+            "stale_reads": stale[p],
+            "stale_versions_behind_max": max(stale_behind[p], default=0),
+        }
+        if p in before:
+            b, a = before[p], after[p]
+            entry["hits"] = a.hits - b.hits
+            entry["misses"] = a.misses - b.misses
+            entry["bypasses"] = a.bypass_total - b.bypass_total
+            entry["hit_ratio"] = entry["hits"] / reads if reads else float("nan")
+            entry["warm_passes"] = warm_passes[p]
+            entry["read_p50_over_direct"] = entry["read"]["p50_us"] / direct_p50 if reads else float("nan")
+            if p == "local":
+                entry["invalidations"] = a.invalidations - b.invalidations
+                entry["evictions"] = a.evictions - b.evictions
+            else:
+                entry["invalidations"] = owner_after["invalidations"] - owner_before["invalidations"]
+                entry["evictions"] = owner_after["evictions"] - owner_before["evictions"]
+        out_paths[p] = entry
+    sizes = [len(r) for r in raws]
+    return {
+        "mix": mix,
+        "read_fraction": MIXES[mix],
+        "size": size,
+        "target_bytes": SIZES[size],
+        "document_bytes_mean": sum(sizes) / len(sizes),
+        "document_bytes_max": max(sizes),
+        "keys": keys,
+        "distinct_keys_used": len({k for _, k in plan}),
+        "ops": len(plan),
+        "wall_s": wall,
+        "paths": out_paths,
+    }
+
+
+def run_matrix(
+    uri: str,
+    *,
+    db_prefix: str,
+    mixes: Sequence[str] = tuple(MIXES),
+    sizes: Sequence[str] = tuple(SIZES),
+    keys: int,
+    ops: int,
+    seed: int,
+    timeout: float = 120.0,
+    status: Status | None = None,
+) -> list[dict[str, Any]]:
+    """Every (mix, size) cell; the owner is stopped and the databases dropped
+    before this returns or raises."""
+    status = status or Status(quiet=True)
+    status("mix matrix: starting the shared owner and the local manager")
+    paths = MatrixPaths(uri, db_prefix, timeout)
+    cells = []
+    try:
+        for mix in mixes:
+            for size in sizes:
+                cell = run_cell(paths, mix, size, keys=keys, ops=ops, seed=seed, status=status)
+                cells.append(cell)
+                d, lo, sh = (cell["paths"][p] for p in PATHS)
+                status(
+                    f"{mix}/{size}: read p50 direct {d['read']['p50_us']:.0f} us, local "
+                    f"{lo['read']['p50_us']:.0f} us ({lo['hit_ratio']:.0%} hits), shared "
+                    f"{sh['read']['p50_us']:.0f} us ({sh['hit_ratio']:.0%} hits), {cell['wall_s']:.1f}s"
+                )
+    finally:
+        paths.close()
+    return cells
+
+
+# ============================================================================
+# Part 2: invalidation latency (worker processes)
+# ============================================================================
+
+
+def _inv_worker(
+    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any
+) -> dict[str, Any]:
+    from client_query_cache import CacheManager
+
+    index, keys, timeout = spec["index"], spec["keys"], spec["timeout"]
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
+    manager: Any = None
+    try:
+        if spec["path"] == "shared":
+            manager = CacheManager(client, shared=spec["shared_name"])
+        else:
+            manager = CacheManager(
+                client,
+                budget_bytes=LOCAL_BUDGET_BYTES,
+                slot_count=LOCAL_SLOTS,
+                max_await_time_ms=MAX_AWAIT_TIME_MS,
+            )
+        reader = manager[spec["db"]][spec["coll"]]
+        expected = Expected(spec["raws"], client[spec["db"]][spec["coll"]].codec_options)
+        reader.find_one({"_id": 0})
+        if not manager.wait_ready(timeout, database=spec["db"]):
+            raise BenchmarkFailed("the change stream did not become ready")
+        warm_passes = _warm_until_hits(manager, reader, keys, timeout, f"worker {index}")
+        filters = [{"_id": k} for k in range(keys)]
+        max_version = [1] * keys
+        # Every measured read: key, version (-1: wrong document), start, end.
+        read_keys, read_versions = array.array("i"), array.array("q")
+        read_starts, read_ends = array.array("q"), array.array("q")
+        mismatches: list[str] = []
+        reads = 0
+        unobserved = False
+        tail_until = stop_deadline = 0
+        clock = time.monotonic_ns
+        sleep = time.sleep
+        rng = random.Random(spec["seed"])
+        order = list(range(keys))
+        before = manager.snapshot()
+        barrier.wait(timeout)
+        first_ns = clock()
+        while True:
+            rng.shuffle(order)  # no worker follows a fixed phase of the writer
+            for k in order:
+                t0 = clock()
+                got = reader.find_one(filters[k])
+                t1 = clock()
+                reads += 1
+                counters[index] = reads
+                version, wrong = expected.check(k, got)
+                if wrong is not None or version is None:
+                    if len(mismatches) < MAX_EXAMPLES:
+                        mismatches.append(f"document {k}: {wrong}")
+                    version = -1
+                elif version > max_version[k]:
+                    max_version[k] = version
+                read_keys.append(k)
+                read_versions.append(version)
+                read_starts.append(t0)
+                read_ends.append(t1)
+                del got
+                pause = pace.value
+                if pause > 0:
+                    sleep(pause)
+            if stop.value:
+                now = clock()
+                if tail_until:
+                    if now >= tail_until:
+                        break
+                elif all(max_version[k] >= final[k] for k in range(keys)):
+                    tail_until = now + TAIL_NS
+                elif not stop_deadline:
+                    stop_deadline = now + int(timeout * 1e9)
+                elif now > stop_deadline:
+                    unobserved = True
+                    break
+        last_ns = clock()
+        after = manager.snapshot()
+        return {
+            "index": index,
+            "reads": reads,
+            "keys": read_keys,
+            "versions": read_versions,
+            "starts": read_starts,
+            "ends": read_ends,
+            "mismatches": mismatches,
+            "unobserved_at_exit": unobserved,
+            "first_ns": first_ns,
+            "last_ns": last_ns,
+            "warm_passes": warm_passes,
+            "hits": after.hits - before.hits,
+            "misses": after.misses - before.misses,
+            "bypasses": after.bypass_total - before.bypass_total,
+        }
+    finally:
+        if manager is not None:
+            manager.close()
+        client.close()
+
+
+def _inv_worker_main(
+    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any, results: Any
+) -> None:
+    """Entry point of a spawned worker: its result or its traceback on the queue."""
+    try:
+        results.put(("result", spec["index"], _inv_worker(spec, counters, stop, final, pace, barrier)))
+    except BaseException:
+        results.put(("error", spec["index"], traceback.format_exc()))
+        with contextlib.suppress(Exception):
+            barrier.abort()
+        raise SystemExit(1) from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    key: int
+    version: int
+    sent_ns: int
+    ack_ns: int
+
+
+class _Workers:
+    """Spawned workers, their shared counters and the queue of their results;
+    ``close()`` ends every one of them."""
+
+    def __init__(self, ctx: Any, count: int, keys: int) -> None:
+        self.ctx = ctx
+        self.count = count
+        self.counters = ctx.RawArray("q", count)
+        self.final = ctx.RawArray("q", keys)
+        self.stop = ctx.RawValue("i", 0)
+        #: Seconds each worker sleeps after a read (set by the writer's pacing).
+        self.pace = ctx.RawValue("d", 0.0)
+        self.barrier = ctx.Barrier(count + 1)
+        self.results = ctx.Queue()
+        self.procs: list[Any] = []
+        self._watch_stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
+
+    def start(self, specs: Sequence[dict[str, Any]]) -> None:
+        for spec in specs:
+            p = self.ctx.Process(
+                target=_inv_worker_main,
+                args=(spec, self.counters, self.stop, self.final, self.pace, self.barrier, self.results),
+                name=f"wl-worker-{spec['index']}",
+            )
+            p.start()
+            self.procs.append(p)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Break the barrier as soon as a worker dies, so the parent fails now."""
+        while not self._watch_stop.wait(0.25):
+            if any(p.exitcode not in (None, 0) for p in self.procs):
+                with contextlib.suppress(Exception):
+                    self.barrier.abort()
+                return
+
+    def dead(self) -> list[int]:
+        return [k for k, p in enumerate(self.procs) if p.exitcode not in (None, 0)]
+
+    def errors(self, wait: float = 2.0) -> str:
+        """Why the workers broke: dead processes, then their tracebacks."""
+        lines = [f"worker {k} exited with code {self.procs[k].exitcode}" for k in self.dead()]
+        found = False
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                kind, index, payload = self.results.get(timeout=0.2)
+            except queue_mod.Empty:
+                if found:
+                    break
+                continue
+            except (OSError, ValueError, EOFError):
+                break
+            if kind == "error" and not payload.rstrip().endswith("BrokenBarrierError"):
+                lines.append(f"worker {index}:\n{payload}")
+                found = True
+        return "\n".join(lines) or "no worker reported an error (a wait longer than --timeout?)"
+
+    def meet(self, timeout: float, what: str) -> None:
+        try:
+            self.barrier.wait(timeout)
+        except threading.BrokenBarrierError:
+            raise BenchmarkFailed(f"barrier broken at {what}:\n{self.errors()}") from None
+
+    def total_reads(self) -> int:
+        return sum(self.counters)
+
+    def collect(self, timeout: float) -> list[dict[str, Any]]:
+        out: list[dict[str, Any] | None] = [None] * self.count
+        deadline = time.monotonic() + timeout
+        while any(r is None for r in out):
+            try:
+                kind, index, payload = self.results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_mod.Empty:
+                raise BenchmarkFailed(f"workers did not report:\n{self.errors()}") from None
+            if kind == "error":
+                raise BenchmarkFailed(f"worker {index} failed:\n{payload}")
+            out[index] = payload
+        for p in self.procs:
+            p.join(timeout)
+        return [r for r in out if r is not None]
+
+    def close(self) -> None:
+        self.stop.value = 1
+        self._watch_stop.set()
+        if self._watcher.is_alive():
+            self._watcher.join(2)
+        with contextlib.suppress(Exception):
+            self.barrier.abort()
+        for p in self.procs:
+            p.join(0 if p.exitcode is not None else 10)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        self.results.close()
+        self.results.join_thread()
+
+
+def _write_loop(
+    coll: Any,
+    workers: _Workers,
+    *,
+    writes: int,
+    keys: int,
+    reads_per_write: int,
+    seed: int,
+    timeout: float,
+    paced: bool = True,
+) -> tuple[list[Write], int, list[float]]:
+    """One write each time the workers completed ``reads_per_write`` reads
+    since the previous write was sent; return the writes with their
+    acknowledgement times, the reads the workers made from the first write's
+    wait to the last write's acknowledgement, and the pause after each write.
+
+    Paced (the default), the writer also sets the pause every worker sleeps
+    after each read, so that the workers make about ``reads_per_write``
+    reads per write instead of outrunning the writer: it lengthens the pause
+    when more reads than that came between two writes, and shortens it when
+    the writer had to wait for them."""
+    rng = random.Random(f"{seed}/writes")
+    done: list[Write] = []
+    pauses: list[float] = []
+    clock = time.monotonic_ns
+    pause = PACE_START_S if paced else 0.0
+    workers.pace.value = pause
+    mark = first = workers.total_reads()
+    for n in range(writes):
+        deadline = time.monotonic() + timeout
+        polls = 0
+        waited = clock()
+        while workers.total_reads() - mark < reads_per_write:
+            time.sleep(0.0001)
+            polls += 1
+            if polls % 2000 == 0:
+                if workers.dead():
+                    raise BenchmarkFailed(f"a worker died during the writes:\n{workers.errors()}")
+                if time.monotonic() > deadline:
+                    raise BenchmarkFailed(f"workers stopped reading (write {n}):\n{workers.errors()}")
+        key, version = rng.randrange(keys), n + 2
+        now_reads = workers.total_reads()
+        between, mark = now_reads - mark, now_reads
+        sent = clock()
+        result = coll.update_one({"_id": key}, {"$set": {"version": version}})
+        ack = clock()
+        if result.matched_count != 1:
+            raise BenchmarkFailed(f"write {n} matched {result.matched_count} documents")
+        done.append(Write(key, version, sent, ack))
+        if paced and n:
+            if between > reads_per_write * 1.1:
+                pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / reads_per_write))
+            elif sent - waited > (ack - sent) // 4:
+                pause = pause * 0.8 if pause > PACE_MIN_S else 0.0
+            workers.pace.value = pause
+        pauses.append(pause)
+    workers.pace.value = 0.0
+    return done, workers.total_reads() - first, pauses
+
+
+class _KeyReads:
+    """One worker's reads of one document, in time order, with the running
+    maximum of the versions (first read of a version or newer: a bisection)
+    and the suffix minimum (last read of an older version: a bisection)."""
+
+    __slots__ = ("starts", "ends", "versions", "prefix_max", "suffix_min")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.versions: list[int] = []
+        self.prefix_max: list[int] = []
+        self.suffix_min: list[int] = []
+
+    def seal(self) -> None:
+        top = -1
+        for v in self.versions:
+            top = max(top, v)
+            self.prefix_max.append(top)
+        low = 1 << 62
+        suffix = []
+        for v in reversed(self.versions):
+            low = min(low, v)
+            suffix.append(low)
+        self.suffix_min = suffix[::-1]
+
+    def first_at_least(self, version: int) -> int:
+        """Index of the first read that returned ``version`` or newer (len if none)."""
+        return bisect.bisect_left(self.prefix_max, version)
+
+    def last_older(self, version: int) -> int:
+        """Index of the last read that returned an older version (-1 if none)."""
+        return bisect.bisect_left(self.suffix_min, version) - 1
+
+
+def _key_reads(result: dict[str, Any]) -> dict[int, _KeyReads]:
+    per_key: dict[int, _KeyReads] = {}
+    for k, v, t0, t1 in zip(result["keys"], result["versions"], result["starts"], result["ends"]):
+        kr = per_key.get(k)
+        if kr is None:
+            kr = per_key[k] = _KeyReads()
+        kr.starts.append(t0)
+        kr.ends.append(t1)
+        kr.versions.append(v)
+    for kr in per_key.values():
+        kr.seal()
+    return per_key
+
+
+def invalidation_latencies(writes: Sequence[Write], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per write: the upper bound (the last worker's first read of that
+    version or a newer one, from the acknowledgement), the lower bound (the
+    latest start of a read, by any worker, that still returned an older
+    version) and the reads that returned an older version although they
+    started after the upper bound; their quantiles and counts.
+
+    ``results`` are the workers' reads: parallel sequences ``keys``,
+    ``versions``, ``starts``, ``ends`` (monotonic ns), in each worker's order."""
+    workers = [_key_reads(r) for r in results]
+    empty = _KeyReads()
+    upper: list[int] = []
+    lower: list[int] = []
+    bound_read_ns: list[int] = []
+    unobserved = before_ack = stale_after = 0
+    stale_examples: list[dict[str, int]] = []
+    for w in writes:
+        firsts: list[int] = []
+        durations: list[int] = []
+        last_old = None
+        for per_key in workers:
+            kr = per_key.get(w.key, empty)
+            i = kr.first_at_least(w.version)
+            if i == len(kr.versions):
+                break
+            firsts.append(kr.ends[i])
+            durations.append(kr.ends[i] - kr.starts[i])
+            j = kr.last_older(w.version)
+            if j >= 0 and (last_old is None or kr.starts[j] > last_old):
+                last_old = kr.starts[j]
+        if len(firsts) < len(workers):
+            unobserved += 1
+            continue
+        bound = max(firsts)
+        bound_read_ns.append(durations[firsts.index(bound)])
+        up = max(0, bound - w.ack_ns)
+        upper.append(up)
+        lower.append(max(0, last_old - w.ack_ns) if last_old is not None else 0)
+        before_ack += up == 0
+        for index, per_key in enumerate(workers):
+            kr = per_key.get(w.key, empty)
+            j = kr.last_older(w.version)
+            for m in range(bisect.bisect_right(kr.starts, bound), j + 1):
+                if kr.versions[m] < w.version:
+                    stale_after += 1
+                    if len(stale_examples) < MAX_EXAMPLES:
+                        stale_examples.append(
+                            {
+                                "worker": index,
+                                "key": w.key,
+                                "write_version": w.version,
+                                "read_version": kr.versions[m],
+                                "read_start_after_bound_us": (kr.starts[m] - bound) // 1000,
+                            }
+                        )
+    # A worker reading an older version of a document than it read before
+    # (possible within the window: see the module docstring).
+    by_version = {w.version: w for w in writes}
+    backwards = 0
+    backwards_examples: list[dict[str, int]] = []
+    gaps: list[int] = []
+    window = (writes[0].sent_ns, writes[-1].ack_ns) if writes else (0, 0)
+    for index, per_key in enumerate(workers):
+        for key, kr in per_key.items():
+            gaps.extend(b - a for a, b in zip(kr.starts, kr.starts[1:]) if window[0] <= a and b <= window[1])
+            for m in range(1, len(kr.versions)):
+                if kr.versions[m] >= kr.prefix_max[m - 1]:
+                    continue
+                backwards += 1
+                newer = by_version.get(kr.prefix_max[m - 1])
+                if len(backwards_examples) < MAX_EXAMPLES and newer is not None:
+                    backwards_examples.append(
+                        {
+                            "worker": index,
+                            "key": key,
+                            "read_version": kr.versions[m],
+                            "newest_read_before": kr.prefix_max[m - 1],
+                            "read_start_after_newest_ack_us": (kr.starts[m] - newer.ack_ns) // 1000,
+                        }
+                    )
+    up_sorted, low_sorted = sorted(upper), sorted(lower)
+    out: dict[str, Any] = {
+        "writes": len(writes),
+        "observed_writes": len(upper),
+        "unobserved_writes": unobserved,
+        "observed_before_ack": before_ack,
+        "stale_after_bound": stale_after,
+        "stale_after_bound_examples": stale_examples,
+        "backwards_reads": backwards,
+        "backwards_examples": backwards_examples,
+        # How often a worker read the same document while the writes ran:
+        # the resolution of the upper bound, which also includes the read
+        # that returned the new version (its duration: bound_read_us).
+        "same_document_read_interval_us": summarize(gaps),
+        "bound_read_us": summarize(bound_read_ns),
+    }
+    for name, values in (("", up_sorted), ("lower_", low_sorted)):
+        for p in (50, 95, 99):
+            out[f"{name}p{p}_us"] = quantile(values, p) / 1000.0
+        out[f"{name}max_us"] = values[-1] / 1000.0 if values else float("nan")
+    return out
+
+
+def run_invalidation(
+    uri: str,
+    *,
+    db: str,
+    path: str,
+    workers: int,
+    writes: int,
+    keys: int,
+    seed: int,
+    reads_per_write: int = READS_PER_WRITE,
+    doc_bytes: int = INV_DOC_BYTES,
+    paced: bool = True,
+    timeout: float = 120.0,
+    status: Status | None = None,
+) -> dict[str, Any]:
+    """Part 2 for one path ("shared" or "local"): start the owner (shared) and
+    the workers, write, collect, compute; every process is ended before this
+    returns or raises. The collection is dropped afterwards."""
+    if path not in INV_PATHS:
+        raise ValueError(f"path must be one of {INV_PATHS}")
+    status = status or Status(quiet=True)
+    coll_name = f"invalidation_{path}"
+    raws = _documents(keys, doc_bytes, f"{seed}/inv/{path}")
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    owner: Any = None
+    pool: _Workers | None = None
+    try:
+        coll = client[db][coll_name]
+        _insert(coll, raws)
+        shared_name = None
+        if path == "shared":
+            status(f"invalidation/{path}: starting the owner")
+            owner = _start_owner(_new_name("cqc-wl-inv"), uri)
+            shared_name = owner.name
+        ctx = multiprocessing.get_context("spawn")
+        pool = _Workers(ctx, workers, keys)
+        status(f"invalidation/{path}: starting {workers} workers")
+        pool.start(
+            [
+                {
+                    "uri": uri,
+                    "db": db,
+                    "coll": coll_name,
+                    "path": path,
+                    "index": w,
+                    "keys": keys,
+                    "raws": raws,
+                    "shared_name": shared_name,
+                    "timeout": timeout,
+                    "seed": f"{seed}/inv/{path}/{w}",
+                }
+                for w in range(workers)
+            ]
+        )
+        pool.meet(timeout, "start (workers warm)")
+        coll.update_one({"_id": -1}, {"$set": {"version": 0}})  # opens the write path; no event
+        status(f"invalidation/{path}: {writes} writes, one per {reads_per_write} reads")
+        started = time.perf_counter()
+        done, reads_while_writing, pauses = _write_loop(
+            coll,
+            pool,
+            writes=writes,
+            keys=keys,
+            reads_per_write=reads_per_write,
+            seed=seed,
+            timeout=timeout,
+            paced=paced,
+        )
+        for k in range(keys):
+            pool.final[k] = max((w.version for w in done if w.key == k), default=1)
+        pool.stop.value = 1
+        status(f"invalidation/{path}: waiting for every worker to observe the final versions")
+        results = pool.collect(timeout + 30)
+        wall = time.perf_counter() - started
+    finally:
+        if pool is not None:
+            pool.close()
+        if owner is not None:
+            _stop_owner(owner)
+        with contextlib.suppress(Exception):
+            client[db][coll_name].drop()
+        client.close()
+
+    mismatches = [m for r in results for m in r["mismatches"]]
+    if mismatches:
+        raise BenchmarkFailed(f"invalidation/{path}: wrong documents read, e.g.:\n  " + "\n  ".join(mismatches))
+    out = invalidation_latencies(done, results)
+    reads = sum(r["reads"] for r in results)
+    out.update(
+        {
+            "workers": workers,
+            "keys": keys,
+            "document_bytes_mean": sum(map(len, raws)) / len(raws),
+            "reads": reads,
+            "reads_while_writing": reads_while_writing,
+            "reads_per_write": reads_while_writing / len(done) if done else float("nan"),
+            "hits": sum(r["hits"] for r in results),
+            "misses": sum(r["misses"] for r in results),
+            "bypasses": sum(r["bypasses"] for r in results),
+            "hit_ratio": sum(r["hits"] for r in results) / reads if reads else float("nan"),
+            "workers_unobserved_at_exit": sum(bool(r["unobserved_at_exit"]) for r in results),
+            "write_ack": summarize([w.ack_ns - w.sent_ns for w in done]),
+            "wall_s": wall,
+            "paced": paced,
+            "pause_after_read_us": summarize([int(p * 1e9) for p in pauses]) if pauses else {},
+            "write_phase_s": (done[-1].ack_ns - done[0].sent_ns) / 1e9 if done else 0.0,
+        }
+    )
+    status(
+        f"invalidation/{path}: p50 {out['p50_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
+        f"max {out['max_us']:.0f} us over {out['observed_writes']} writes; "
+        f"{out['stale_after_bound']} stale after the bound"
+    )
+    return out
+
+
+# ============================================================================
+# The report
+# ============================================================================
+
+METHOD = {
+    "matrix": "one process; per cell, identical documents in one database per path; the same seeded operation "
+    "sequence runs on the three paths interleaved operation by operation (path order rotating); reads "
+    "find_one({'_id': k}), writes update_one({'_id': k}, {'$set': {'version': v}}); keys Zipf(0.99)-distributed "
+    "over the cell's documents; cached paths warmed until a whole pass hits; each cell's collections are "
+    "dropped after it",
+    "direct": "Collection.with_options(read_concern=ReadConcern('majority')).find_one",
+    "local": "CacheManager(client, budget_bytes=32 MiB, slot_count=16384)",
+    "shared": "SharedCache.start(arena_bytes=40 MiB, budget_bytes=32 MiB, slots=16384) and "
+    "CacheManager(client, shared=name)",
+    "timer": "perf_counter_ns immediately around each find_one / update_one",
+    "verification": "every read after its stop timestamp: BSON equal to the inserted document at the version it "
+    "carries (digest), version not newer than the path's last acknowledged write; an older version is "
+    "counted as a stale read, anything else fails the run",
+    "hits": "difference of the manager's snapshot across the timed operations",
+    "invalidation": "spawned workers read a few documents in a loop (shuffled order each round), recording "
+    "every read (key, version, start, end; time.monotonic_ns, one clock for the host); the parent writes one "
+    "document with an increasing version each time the workers completed reads_per_write reads since its "
+    "previous write, and (paced) adjusts a pause every worker sleeps after each read so that about that many "
+    "reads come between two writes; per write: upper bound = the latest, over the workers, end of a worker's "
+    "first read returning that version or newer, minus the write's acknowledgement (update_one returned); "
+    "lower bound = the latest start of any worker's read still returning an older version, minus the "
+    "acknowledgement; both clamped at 0; stale_after_bound = reads returning an older version that started "
+    "after the upper bound (must be 0); backwards_reads = reads returning an older version of a document than "
+    "the same worker had already read (allowed inside the window)",
+    "quantiles": "nearest rank: index ceil(p/100*n)-1 of the sorted samples",
+}
+
+
+def build_report(
+    args: dict[str, Any], cells: list[dict[str, Any]], invalidation: dict[str, Any], elapsed: float
+) -> dict[str, Any]:
+    from client_query_cache import __version__ as cqc_version
+    from client_query_cache.testing import external_uri
+
+    return {
+        "schema": SCHEMA,
+        "mode": "quick" if args.get("quick") else "full",
+        "method": METHOD,
+        "machine": {**machine_facts(), "loadavg_at_end": list(os.getloadavg())},
+        "parameters": {
+            **args,
+            "mixes": {m: MIXES[m] for m in args["mixes"]},
+            "sizes": {s: SIZES[s] for s in args["sizes"]},
+            "zipf_s": ZIPF_S,
+            "reads_per_write": READS_PER_WRITE,
+            "invalidation_document_bytes": INV_DOC_BYTES,
+            "owner": {"arena_bytes": OWNER_ARENA_BYTES, "budget_bytes": OWNER_BUDGET_BYTES, "slots": OWNER_SLOTS},
+            "local": {"budget_bytes": LOCAL_BUDGET_BYTES, "slot_count": LOCAL_SLOTS},
+            "max_await_time_ms": MAX_AWAIT_TIME_MS,
+            "read_concern_direct": "majority",
+            "external_deployment": external_uri() is not None,
+            "client_query_cache": cqc_version,
+        },
+        "cells": cells,
+        "invalidation": invalidation,
+        "elapsed_seconds": elapsed,
+    }
+
+
+def checks(report: dict[str, Any]) -> list[str]:
+    """What makes the figures meaningless or shows a coherence failure."""
+    problems = []
+    for cell in report["cells"]:
+        where = f"{cell['mix']}/{cell['size']}"
+        for p in ("local", "shared"):
+            entry = cell["paths"][p]
+            if entry["bypasses"]:
+                problems.append(f"{where} {p}: {entry['bypasses']} bypasses")
+        if cell["paths"]["direct"]["stale_reads"]:
+            problems.append(f"{where} direct: {cell['paths']['direct']['stale_reads']} stale reads")
+    for path, inv in report["invalidation"].items():
+        if inv["stale_after_bound"]:
+            problems.append(f"invalidation/{path}: {inv['stale_after_bound']} stale reads after the bound")
+        if inv["unobserved_writes"]:
+            problems.append(f"invalidation/{path}: {inv['unobserved_writes']} writes never observed by every worker")
+        if inv["bypasses"]:
+            problems.append(f"invalidation/{path}: {inv['bypasses']} bypasses")
+    return problems
+
+
+def print_tables(report: dict[str, Any], out: Any = None) -> None:
+    out = out or sys.stdout
+    if report["cells"]:
+        _print_matrix(report, out)
+    _print_invalidation(report, out)
+
+
+def _print_matrix(report: dict[str, Any], out: Any) -> None:
+    par = report["parameters"]
+    print(
+        f"mix matrix: {par['keys']} documents per cell, {par['ops']} operations per cell and path, "
+        f"Zipf({par['zipf_s']}) keys; latencies in us (nearest rank)",
+        file=out,
+    )
+    head = (
+        f"{'mix':<15} {'size':<7} {'path':<7} {'reads':>6} {'writes':>6} {'rd p50':>8} {'rd p95':>8} "
+        f"{'rd p99':>8} {'wr p50':>8} {'hits':>6} {'stale':>6} {'p50/direct':>10}"
+    )
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for cell in report["cells"]:
+        size = cell["size"]
+        for p in PATHS:
+            e = cell["paths"][p]
+            hits = f"{e['hit_ratio']:.0%}" if "hit_ratio" in e else "-"
+            ratio = f"{e['read_p50_over_direct']:.3f}" if "read_p50_over_direct" in e else "-"
+            print(
+                f"{cell['mix']:<15} {size:<7} {p:<7} {e['reads']:>6} {e['writes']:>6} "
+                f"{e['read']['p50_us']:>8.1f} {e['read']['p95_us']:>8.1f} {e['read']['p99_us']:>8.1f} "
+                f"{e['write']['p50_us']:>8.1f} {hits:>6} {e['stale_reads']:>6} {ratio:>10}",
+                file=out,
+            )
+    sizes = ", ".join(
+        f"{c['size']} ~{c['document_bytes_mean']:.0f} B" for c in report["cells"][: len(par["sizes"])]
+    )
+    print(
+        f"document sizes: {sizes}. hits: share of the path's reads that hit. stale: reads that returned an "
+        "older version than the path's own last acknowledged write (invalidation is asynchronous).",
+        file=out,
+    )
+
+
+def _print_invalidation(report: dict[str, Any], out: Any) -> None:
+    par = report["parameters"]
+    inv = report["invalidation"]
+    if not inv:
+        return
+    if report["cells"]:
+        print(file=out)
+    first = next(iter(inv.values()))
+    print(
+        f"invalidation latency: {first['workers']} workers reading {first['keys']} documents of "
+        f"~{first['document_bytes_mean']:.0f} B, one update per >= {par['reads_per_write']} reads; "
+        "from the write's acknowledgement until every worker serves the new version (us)",
+        file=out,
+    )
+    head = (
+        f"{'path':<7} {'writes':>6} {'rd/wr':>6} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} "
+        f"{'low p50':>8} {'low p99':>8} {'gap p50':>8} {'ack p50':>8} {'hits':>6} {'stale after':>11} "
+        f"{'backwards':>9} {'unobserved':>10}"
+    )
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for path, e in inv.items():
+        print(
+            f"{path:<7} {e['observed_writes']:>6} {e['reads_per_write']:>6.1f} {e['p50_us']:>8.0f} "
+            f"{e['p95_us']:>8.0f} {e['p99_us']:>8.0f} {e['max_us']:>8.0f} {e['lower_p50_us']:>8.0f} "
+            f"{e['lower_p99_us']:>8.0f} {e['same_document_read_interval_us']['p50_us']:>8.0f} "
+            f"{e['write_ack']['p50_us']:>8.0f} {e['hit_ratio']:>6.0%} {e['stale_after_bound']:>11} "
+            f"{e['backwards_reads']:>9} {e['unobserved_writes']:>10}",
+            file=out,
+        )
+    print(
+        "p50..max: upper bound (end of each worker's first read of the new version; the last worker counts); "
+        "low: lower bound (start of the last read, by any worker, that still returned an older version); "
+        "gap: interval between a worker's reads of the same document (the upper bound's resolution); "
+        "ack: update_one round trip; "
+        "stale after: older versions read after the upper bound (must be 0); backwards: reads of an older "
+        "version than the same worker had read before (inside the window).",
+        file=out,
+    )
+
+
+# ============================================================================
+# main
+# ============================================================================
+
+
+def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
+    started = time.perf_counter()
+    db_prefix = f"cqc_bench_{secrets.token_hex(4)}"
+    cells: list[dict[str, Any]] = []
+    if not args.skip_matrix:
+        cells = run_matrix(
+            uri,
+            db_prefix=db_prefix,
+            mixes=args.mixes,
+            sizes=args.sizes,
+            keys=args.keys,
+            ops=args.ops,
+            seed=args.seed,
+            timeout=args.timeout,
+            status=status,
+        )
+    invalidation: dict[str, Any] = {}
+    inv_db = f"{db_prefix}_invalidation"
+    try:
+        for path in args.inv_paths:
+            invalidation[path] = run_invalidation(
+                uri,
+                db=inv_db,
+                path=path,
+                workers=args.workers,
+                writes=args.writes,
+                keys=args.inv_keys,
+                seed=args.seed,
+                paced=not args.free_running,
+                timeout=args.timeout,
+                status=status,
+            )
+    finally:
+        with pymongo.MongoClient(uri) as client:
+            client.drop_database(inv_db)
+    params = {
+        "quick": args.quick,
+        "seed": args.seed,
+        "mixes": list(args.mixes),
+        "sizes": list(args.sizes),
+        "keys": args.keys,
+        "ops": args.ops,
+        "workers": args.workers,
+        "writes": args.writes,
+        "invalidation_keys": args.inv_keys,
+        "invalidation_paths": list(args.inv_paths),
+        "invalidation_paced": not args.free_running,
+        "database_prefix": db_prefix,
+    }
+    return build_report(params, cells, invalidation, time.perf_counter() - started)
+
+
+def _csv(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.workloads", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"smoke run: {QUICK['keys']} documents, {QUICK['ops']} operations "
+        f"per cell, {QUICK['writes']} invalidation writes"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    parser.add_argument("--seed", type=int, default=20261203)
+    parser.add_argument("--workers", type=int, default=4, help="invalidation worker processes (default 4)")
+    parser.add_argument("--keys", type=int, default=None, help=f"documents per matrix cell (default {FULL['keys']})")
+    parser.add_argument("--ops", type=int, default=None, help=f"operations per cell and path (default {FULL['ops']})")
+    parser.add_argument("--writes", type=int, default=None, help=f"invalidation writes per path (default {FULL['writes']})")
+    parser.add_argument(
+        "--inv-keys", type=int, default=INV_KEYS, help=f"documents the invalidation workers read (default {INV_KEYS})"
+    )
+    parser.add_argument("--mixes", type=_csv(tuple(MIXES)), default=tuple(MIXES), help="comma-separated subset")
+    parser.add_argument("--sizes", type=_csv(tuple(SIZES)), default=tuple(SIZES), help="comma-separated subset")
+    parser.add_argument(
+        "--inv-paths", type=_csv(INV_PATHS), default=INV_PATHS, help="invalidation paths (default shared,local)"
+    )
+    parser.add_argument(
+        "--free-running",
+        action="store_true",
+        help="invalidation workers read without pausing (the writer cannot keep up: more reads per write)",
+    )
+    parser.add_argument("--skip-matrix", action="store_true", help="run only the invalidation measurement")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else FULL
+    for name in ("keys", "ops", "writes"):
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[name])
+    for name in ("workers", "keys", "ops", "writes", "inv_keys"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    from client_query_cache.testing import disposable_uri
+
+    status = Status()
+    started = time.perf_counter()
+    try:
+        status("starting the server (or using MONGODB_URI)")
+        with disposable_uri() as uri:
+            report = run(args, uri, status)
+            status("stopping the server")
+    except BenchmarkFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    report["elapsed_seconds"] = time.perf_counter() - started
+    problems = checks(report)
+    report["checks"] = {"passed": not problems, "problems": problems}
+    print_tables(report)
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    print(f"elapsed {report['elapsed_seconds']:.0f}s")
+    return exit_code(problems)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
