@@ -1,0 +1,1051 @@
+"""Performance guard: the working tree against a base revision, block by block.
+
+    python -m benchmarks.guard BASE_REV [--quick] [--blocks N] [--ops N] [--json PATH]
+                                        [--work-rev REV] [--slowdown-injection F]
+
+Builds ``client_query_cache._native`` twice, out of place and with the same
+flags: once from ``git archive BASE_REV`` and once from a copy of the working
+tree (tracked and untracked, not ignored, files; uncommitted changes
+included), each into a package directory of its own under a temporary
+directory (``setup.py build --build-lib``). Nothing is built or written in
+the checkout itself, and the temporary directory is removed at the end, also
+after an error. ``--work-rev REV`` builds REV instead of the working tree
+(``BASE_REV --work-rev BASE_REV`` compares two builds of the same source).
+
+Then it starts one disposable server (``client_query_cache.testing``, or
+``MONGODB_URI``), loads a database of its own with documents of about 4 KiB
+(``benchmarks._common.make_document``), and runs **blocks**: one block is one
+child process (``python -m benchmarks.guard --run-block``) whose ``sys.path``
+holds one side's package and nothing of the other side, so the two builds are
+never imported into one interpreter. A block runs every case below once, each
+with a fresh process-local ``CacheManager`` (default options), and returns the
+median (nearest rank) of each case's per-operation times.
+
+Cases (per operation, ``perf_counter_ns``; every result is compared with the
+stored document after its stop timestamp, and a block fails if any is wrong or
+the cache counters do not show what the case claims):
+
+  hit           ``find_one({"_id": i})`` for random ``i`` among
+                ``ops/2`` (at most 1,000) documents the manager has admitted;
+                every timed read must be a hit.
+  miss          ``find_one({"_id": i})`` of a document this manager never
+                read (distinct ``i`` per operation): the lookup miss, the
+                admission token, the read from the server (primary, majority,
+                raw BSON), the admission and the decoding. Every timed read
+                must be a miss and be admitted.
+  admission     the miss path without the server read: through the private
+                step API of ``CachedCollection._core`` (``fast_find_one`` to
+                the READ step, then ``finish(step, raw)`` with the raw
+                document fetched beforehand), i.e. lookup miss, token capture,
+                admit and decode of a document never read. Every timed read
+                must be admitted (and a later ``find_one`` a hit). A tree
+                without that API reports the case "not comparable".
+  invalidation  the stale window after a write: a cached document is updated
+                through ``.raw.update_one`` (``$set`` a new ``version``;
+                untimed); from the moment the write is acknowledged, the
+                caller polls ``find_one`` and the time is taken at the start
+                of the first call that returns the new version (so the
+                read-through that follows the invalidation is not included).
+                Its own collection of 16 documents, written in turn.
+
+Per block: ``--ops`` hit reads (2,000; quick 500), half as many admissions,
+a tenth as many misses and a fiftieth as many invalidations (at least 10 and
+5). The case order rotates from pair to pair.
+
+Method. Blocks run in pairs, one per side, their order alternating (base then
+work, work then base, ...: ABBA), after one warm-up pair that is discarded;
+``--blocks`` pairs (12; quick 6). The machine drifts by far more than the
+effect looked for (the same operation by 1.5x over a minute here), so each
+comparison is paired: per pair, the log of work/base of the block medians.
+The estimate of the slowdown is the Hodges-Lehmann estimate of those logs
+(the median of their Walsh averages) and its 95% confidence interval is the
+exact Wilcoxon signed-rank interval (order statistics of the Walsh averages):
+rank based, no assumption of normality, one wild block moves it by one rank
+only. At least 6 pairs are needed for a 95% interval. The report also gives
+the ratio of the medians of the block medians (work/base).
+
+Verdict per case, for threshold T = 1.15 (``--threshold``):
+
+  slower        the whole interval is above T: a stable slowdown of 15% or
+                more. Exit status 1.
+  ok            the interval's upper bound is below T: a slowdown of 15% is
+                excluded (at the confidence level) whatever the estimate.
+  inconclusive  the interval contains T (noise, or a slowdown near T), or
+                too few pairs for an interval: a warning, exit status 0;
+                rerun with more ``--blocks`` on a quieter machine.
+  not comparable  the base cannot run the case (its API is missing, or it
+                fails there); a warning, exit status 0.
+  error         the working tree fails the case: exit status 2 unless
+                another case is slower.
+
+Exit status: 1 if any case is slower; 2 on a usage or build error, a failed
+block or a case the working tree fails; else 0.
+
+Self-check: ``--slowdown-injection F`` makes the working-tree side spin, in
+every timed interval, ``F - 1`` times the interval it just measured (the
+recorded time is about F times the real one), so ``BASE_REV --work-rev
+BASE_REV --slowdown-injection 1.3`` must say "slower" for every case and the
+same command without injection must not.
+
+What this does not show:
+
+* Only what the cases measure, in one process, one thread, on the local
+  server: no shared cache (owner, rings), no async facade, no eviction, no
+  concurrency. A slowdown elsewhere passes.
+* miss and invalidation are dominated by the server (a pure-Python server on
+  the same two cores when no MONGODB_URI is given): a 15% slowdown of the
+  cache's own share of a miss moves the whole by a few percent and is not
+  detected. The invalidation case mostly measures how soon the server
+  delivers the change event; it catches a follower that is late by
+  milliseconds, not one that spends 15% more CPU per event.
+* The verdict is about the block medians, not about tails (p99).
+* "ok" means no stable slowdown of 15% at this noise level, not "no
+  slowdown": smaller regressions pass, and a noisy machine makes the
+  intervals wide (inconclusive) rather than wrong.
+* The slowdown injection scales the recorded times, not the code: it checks
+  the statistics and the plumbing, not the cases' sensitivity to a real
+  change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import gc
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import bson
+import pymongo
+from bson.raw_bson import RawBSONDocument
+
+from ._common import machine_facts, make_document, progress, quantile, write_json
+
+SCHEMA = "client-query-cache/guard/1"
+
+#: The cases, in the order of the first pair (later pairs rotate it).
+CASES = ("hit", "miss", "admission", "invalidation")
+#: A stable slowdown of this ratio (work / base) or more fails the guard.
+THRESHOLD = 1.15
+CONFIDENCE = 0.95
+#: Checkout this module belongs to: the working tree the guard builds.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Files a tree must have for this guard to build and run it.
+LAYOUT = (
+    "setup.py",
+    "python/client_query_cache/__init__.py",
+    "python/client_query_cache/synchronous/__init__.py",
+)
+#: Collections of the guard's database.
+DOCS = "docs"
+INVAL = "inval"
+#: Documents the invalidation case writes in turn.
+INVAL_DOCS = 16
+#: Reads that warm a manager (and its collection probe) before timed misses.
+WARM = 20
+#: Longest a block may take, in seconds.
+BLOCK_TIMEOUT_S = 600.0
+#: Longest the invalidation case waits for the cache to drop the old version.
+STALE_DEADLINE_NS = 10_000_000_000
+_RUN_BLOCK = "--run-block"
+
+
+class GuardError(Exception):
+    """The guard cannot measure: bad revision, build failure, failed block."""
+
+
+# --------------------------------------------------------------------------
+# The decision: pure functions of the block medians
+# --------------------------------------------------------------------------
+
+
+class Verdict(enum.Enum):
+    OK = "ok"
+    SLOWER = "slower"
+    INCONCLUSIVE = "inconclusive"
+    NOT_COMPARABLE = "not comparable"
+    ERROR = "error"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Comparison:
+    """One case's comparison of the working tree (work) with the base.
+
+    Ratios are work / base: above 1 the working tree is slower."""
+
+    verdict: Verdict
+    #: Median (nearest rank) of work's block medians over base's.
+    ratio_of_medians: float
+    #: Hodges-Lehmann estimate of the ratio (paired: median of the Walsh
+    #: averages of the log ratios per pair).
+    estimate: float
+    ci_low: float
+    ci_high: float
+    #: Exact coverage of [ci_low, ci_high] (>= the confidence asked for);
+    #: nan when there are too few blocks for an interval.
+    coverage: float
+    method: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["verdict"] = self.verdict.value
+        return out
+
+
+def not_measured(verdict: Verdict, reason: str) -> Comparison:
+    """A comparison that has no numbers (not comparable, error)."""
+    nan = float("nan")
+    return Comparison(verdict, nan, nan, nan, nan, nan, "none", reason)
+
+
+def _signed_rank_counts(n: int) -> list[int]:
+    """counts[t]: how many of the 2**n sign patterns give the Wilcoxon
+    signed-rank statistic T+ = t (no ties)."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    top = 0
+    for k in range(1, n + 1):
+        top += k
+        for t in range(top, k - 1, -1):
+            counts[t] += counts[t - k]
+    return counts
+
+
+def _rank_sum_counts(m: int, n: int) -> list[int]:
+    """counts[u]: how many of the C(m+n, m) orderings give the Mann-Whitney
+    statistic U = u (no ties)."""
+    table: list[list[list[int]]] = [[[1] for _ in range(n + 1)] for _ in range(m + 1)]
+    for i in range(1, m + 1):
+        for j in range(1, n + 1):
+            out = [0] * (i * j + 1)
+            for u, c in enumerate(table[i][j - 1]):
+                out[u] += c
+            for u, c in enumerate(table[i - 1][j]):
+                out[u + j] += c
+            table[i][j] = out
+    return table[m][n]
+
+
+def _cut(counts: Sequence[int], confidence: float) -> tuple[int, float]:
+    """How many order statistics to cut from each end for an exact interval
+    of at least ``confidence`` (0 if none is possible), and its coverage."""
+    total = sum(counts)
+    half_alpha = (1.0 - confidence) / 2.0
+    cum = 0
+    k = 0
+    for c in counts:
+        if (cum + c) / total > half_alpha:
+            break
+        cum += c
+        k += 1
+    return k, 1.0 - 2.0 * cum / total
+
+
+def decide(
+    base: Sequence[float],
+    work: Sequence[float],
+    *,
+    threshold: float = THRESHOLD,
+    confidence: float = CONFIDENCE,
+    paired: bool = True,
+) -> Comparison:
+    """The verdict on work against base from their block medians.
+
+    ``paired``: ``base[i]`` and ``work[i]`` ran next to each other (pair i),
+    and the interval is the exact Wilcoxon signed-rank interval of the
+    Hodges-Lehmann estimate of the log ratios. Otherwise (any lengths) it
+    is the exact Mann-Whitney interval of the shift of the logs. Either way:
+    slower if the interval (as a ratio) lies above ``threshold``, ok if it
+    lies below, inconclusive if it contains it or cannot be formed.
+    """
+    values = list(base) + list(work)
+    if not base or not work:
+        raise ValueError("both sides need at least one block median")
+    if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+        raise ValueError("block medians must be positive finite numbers")
+    if not 0.0 < confidence < 1.0 or threshold <= 0:
+        raise ValueError("confidence must be in (0, 1) and threshold positive")
+    lb = [math.log(v) for v in base]
+    lw = [math.log(v) for v in work]
+    ratio = quantile(sorted(work), 50) / quantile(sorted(base), 50)
+    if paired:
+        if len(base) != len(work):
+            raise ValueError("paired block medians need as many base as work blocks")
+        d = [w - b for b, w in zip(lb, lw)]
+        n = len(d)
+        stats = sorted((d[i] + d[j]) / 2.0 for i in range(n) for j in range(i, n))
+        k, coverage = _cut(_signed_rank_counts(n), confidence)
+        method = "paired: Hodges-Lehmann, Wilcoxon signed-rank interval"
+        need = f"{n} pairs"
+    else:
+        stats = sorted(w - b for w in lw for b in lb)
+        k, coverage = _cut(_rank_sum_counts(len(lb), len(lw)), confidence)
+        method = "unpaired: Hodges-Lehmann, Mann-Whitney interval"
+        need = f"{len(lb)} and {len(lw)} blocks"
+    estimate = math.exp(statistics.median(stats))
+    if k == 0:
+        nan = float("nan")
+        return Comparison(
+            Verdict.INCONCLUSIVE, ratio, estimate, nan, nan, nan, method,
+            f"{need} are too few for a {confidence:.0%} interval",
+        )  # fmt: skip
+    low, high = math.exp(stats[k - 1]), math.exp(stats[len(stats) - k])
+    span = f"[{low:.3f}, {high:.3f}]"
+    if low > threshold:
+        verdict, reason = Verdict.SLOWER, f"the whole interval {span} is above {threshold:g}"
+    elif high < threshold:
+        verdict, reason = Verdict.OK, f"the interval {span} is below {threshold:g}"
+    else:
+        verdict = Verdict.INCONCLUSIVE
+        reason = f"the interval {span} contains {threshold:g}: too noisy to tell"
+    return Comparison(verdict, ratio, estimate, low, high, coverage, method, reason)
+
+
+# --------------------------------------------------------------------------
+# Building the two sides
+# --------------------------------------------------------------------------
+
+
+def _git(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], stdout=stdout, stderr=subprocess.PIPE)
+
+
+def resolve_rev(rev: str) -> str:
+    """The commit ``rev`` names, as 40 hex digits."""
+    proc = _git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+    if proc.returncode != 0:
+        raise GuardError(f"{rev!r} does not name a commit of {REPO_ROOT}")
+    return proc.stdout.decode().strip()
+
+
+def export_rev(sha: str, dest: Path) -> None:
+    """Write the tree of commit ``sha`` to ``dest`` (git archive)."""
+    dest.mkdir(parents=True)
+    with tempfile.TemporaryFile() as fh:
+        proc = _git("archive", "--format=tar", sha, stdout=fh)
+        if proc.returncode != 0:
+            raise GuardError(f"git archive {sha} failed: {proc.stderr.decode().strip()}")
+        fh.seek(0)
+        with tarfile.open(fileobj=fh) as tar:
+            tar.extractall(dest, filter="data")
+
+
+def export_worktree(dest: Path) -> None:
+    """Copy the working tree's tracked and untracked-but-not-ignored files
+    (as they are on disk, uncommitted changes included) to ``dest``."""
+    proc = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    if proc.returncode != 0:
+        raise GuardError(f"git ls-files failed: {proc.stderr.decode().strip()}")
+    for name in sorted(set(proc.stdout.decode().split("\0")) - {""}):
+        src = REPO_ROOT / name
+        if not src.is_file():  # deleted in the working tree, or a submodule
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target, follow_symlinks=False)
+
+
+def check_layout(tree: Path, label: str) -> None:
+    missing = [p for p in LAYOUT if not (tree / p).is_file()]
+    if not list(tree.glob("csrc/*.c")):
+        missing.append("csrc/*.c")
+    if missing:
+        raise GuardError(
+            f"{label} does not have the layout this guard builds (missing: {', '.join(missing)}): "
+            "it needs setup.py building client_query_cache._native from csrc/ and the package "
+            "in python/client_query_cache"
+        )
+
+
+def start_build(src: Path, out: Path) -> tuple[subprocess.Popen[bytes], Path, Any]:
+    """Start ``setup.py build`` of ``src`` into ``out/lib`` (the package
+    with its extension, importable from there); returns the process, the
+    lib directory and the log file."""
+    lib = out / "lib"
+    out.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "CQC_SANITIZE"}  # both plain builds
+    log = open(out / "build.log", "w+b")
+    cmd = [
+        sys.executable, "setup.py", "build",
+        "--build-base", str(out / "build"), "--build-lib", str(lib),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=src, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    return proc, lib, log
+
+
+def finish_build(proc: subprocess.Popen[bytes], lib: Path, log: Any, label: str) -> None:
+    try:
+        code = proc.wait(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = -1
+    log.seek(0)
+    output = log.read().decode("utf-8", errors="replace")
+    log.close()
+    natives = list(lib.glob("client_query_cache/_native*.so"))
+    if code != 0 or not natives:
+        tail = "\n".join(output.splitlines()[-30:])
+        raise GuardError(f"building {label} failed (status {code}):\n{tail}")
+
+
+# --------------------------------------------------------------------------
+# One block (runs in a child process, with one side's package on sys.path)
+# --------------------------------------------------------------------------
+
+
+class Unavailable(Exception):
+    """This tree lacks the API a case needs."""
+
+
+@dataclasses.dataclass(slots=True)
+class BlockContext:
+    client: Any
+    db_name: str
+    ops: dict[str, int]
+    ranges: dict[str, list[int]]
+    seed: int
+    #: Slowdown injection: spin this many times each timed interval again.
+    extra: float
+
+
+def _stretch(t0: int, t1: int, extra: float) -> int:
+    """Slowdown injection: spin until ``extra`` times the interval t0..t1
+    has passed again after t1; return the new stop timestamp."""
+    clock = time.perf_counter_ns
+    target = t1 + int((t1 - t0) * extra)
+    now = clock()
+    while now < target:
+        now = clock()
+    return now
+
+
+def _summary(times: list[int], **facts: Any) -> dict[str, Any]:
+    s = sorted(times)
+    return {"n": len(s), "p50_ns": quantile(s, 50), "p90_ns": quantile(s, 90), "min_ns": s[0], **facts}
+
+
+def _stored(coll: Any, ids: Sequence[int]) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The stored documents, read from the server: as the collection's codec
+    options decode them (what a read must return) and as raw BSON with the
+    same options (what a miss reads)."""
+    codec = coll.codec_options
+    raw_coll = coll.with_options(codec_options=codec.with_options(document_class=RawBSONDocument))
+    raw = {d["_id"]: d for d in raw_coll.find({"_id": {"$in": list(ids)}})}
+    if len(raw) != len(set(ids)):
+        raise RuntimeError(f"{len(set(ids)) - len(raw)} documents of {coll.full_name} are missing")
+    return {i: bson.decode(d.raw, codec) for i, d in raw.items()}, raw
+
+
+def _wait_ready(manager: Any, db_name: str) -> None:
+    if not manager.wait_ready(30, db_name):
+        raise RuntimeError(f"the change stream of {db_name} did not become ready within 30 s")
+
+
+def _admit_all(manager: Any, cached: Any, ids: Sequence[int], expected: dict[int, Any]) -> None:
+    """Read every id until a whole pass is hits (the first pass admits)."""
+    deadline = time.monotonic() + 60
+    while True:
+        before = manager.snapshot().hits
+        for i in ids:
+            if cached.find_one({"_id": i}) != expected[i]:
+                raise RuntimeError(f"find_one({{'_id': {i}}}) returned a wrong document")
+        if manager.snapshot().hits - before == len(ids):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("warm-up reads were still not all hits after 60 s")
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise RuntimeError(f"verification failed: {what}")
+
+
+def _timed_find_ones(
+    b: BlockContext, admit: list[int], order: list[int], expected: dict[int, Any]
+) -> tuple[list[int], Any, Any]:
+    """With a fresh process-local cache that holds ``admit``, time
+    ``find_one({"_id": i})`` for each ``i`` of ``order`` and check every
+    result; returns the times and the snapshots before and after."""
+    from client_query_cache import CacheManager
+
+    clock, extra = time.perf_counter_ns, b.extra
+    times: list[int] = []
+    mismatches = 0
+    with CacheManager(b.client) as manager:
+        cached = manager[b.db_name][DOCS]
+        _wait_ready(manager, b.db_name)
+        _admit_all(manager, cached, admit, expected)  # also probes the collection
+        find_one = cached.find_one
+        before = manager.snapshot()
+        gc.collect()
+        for i in order:
+            want = expected[i]
+            filt = {"_id": i}
+            t0 = clock()
+            got = find_one(filt)
+            t1 = clock()
+            if extra:
+                t1 = _stretch(t0, t1, extra)
+            times.append(t1 - t0)
+            mismatches += got != want
+            del got
+        after = manager.snapshot()
+    _check(not mismatches, f"{mismatches} wrong documents")
+    return times, before, after
+
+
+def case_hit(b: BlockContext) -> dict[str, Any]:
+    ids = list(range(*b.ranges["hit"]))
+    expected, _ = _stored(b.client[b.db_name][DOCS], ids)
+    n = b.ops["hit"]
+    rng = random.Random(b.seed)
+    order = [rng.choice(ids) for _ in range(n)]
+    times, before, after = _timed_find_ones(b, ids, order, expected)
+    hits, misses = after.hits - before.hits, after.misses - before.misses
+    _check(hits == n and misses == 0, f"{hits} hits and {misses} misses for {n} reads")
+    return _summary(times, documents=len(ids))
+
+
+def case_miss(b: BlockContext) -> dict[str, Any]:
+    ids = list(range(*b.ranges["miss"]))
+    expected, _ = _stored(b.client[b.db_name][DOCS], ids)
+    warm, timed = ids[:WARM], ids[WARM:]
+    random.Random(b.seed).shuffle(timed)
+    n = len(timed)
+    times, before, after = _timed_find_ones(b, warm, timed, expected)
+    misses, hits = after.misses - before.misses, after.hits - before.hits
+    admitted = after.admissions - before.admissions
+    _check(
+        misses == n and hits == 0 and admitted == n,
+        f"{misses} misses, {hits} hits, {admitted} admissions for {n} reads",
+    )
+    return _summary(times)
+
+
+def case_admission(b: BlockContext) -> dict[str, Any]:
+    from client_query_cache import CacheManager
+
+    try:
+        from client_query_cache._core.read import Step, StepKind
+    except ImportError as exc:
+        raise Unavailable(f"no step API in client_query_cache._core.read ({exc})") from None
+    if not hasattr(StepKind, "READ"):
+        raise Unavailable("client_query_cache._core.read.StepKind has no READ")
+    ids = list(range(*b.ranges["admission"]))
+    expected, raw = _stored(b.client[b.db_name][DOCS], ids)
+    warm_public, warm_steps, timed = ids[:WARM], ids[WARM : 2 * WARM], ids[2 * WARM :]
+    random.Random(b.seed).shuffle(timed)
+    n = len(timed)
+    read_kind = StepKind.READ
+    not_read = object()
+    clock, extra = time.perf_counter_ns, b.extra
+    times: list[int] = []
+    mismatches = 0
+    with CacheManager(b.client) as manager:
+        cached = manager[b.db_name][DOCS]
+        core = getattr(cached, "_core", None)
+        fast, finish = getattr(core, "fast_find_one", None), getattr(core, "finish", None)
+        if fast is None or finish is None:
+            raise Unavailable("CachedCollection has no _core.fast_find_one / _core.finish")
+        _wait_ready(manager, b.db_name)
+        _admit_all(manager, cached, warm_public, expected)  # probes the collection
+        for i in warm_steps:
+            step = fast({"_id": i})
+            _check(type(step) is Step and step.kind is read_kind, "a warm-up miss gave no READ step")
+            _check(finish(step, raw[i]) == expected[i], "a warm-up admission returned a wrong document")
+        before = manager.snapshot()
+        gc.collect()
+        for i in timed:
+            want = expected[i]
+            doc = raw[i]
+            filt = {"_id": i}
+            t0 = clock()
+            step = fast(filt)
+            got = finish(step, doc) if type(step) is Step and step.kind is read_kind else not_read
+            t1 = clock()
+            if extra:
+                t1 = _stretch(t0, t1, extra)
+            times.append(t1 - t0)
+            mismatches += got != want
+            del got, step
+        after = manager.snapshot()
+        for i in timed:
+            mismatches += cached.find_one({"_id": i}) != expected[i]
+        checked = manager.snapshot()
+    misses, admitted = after.misses - before.misses, after.admissions - before.admissions
+    later_hits = checked.hits - after.hits
+    _check(not mismatches, f"{mismatches} wrong documents (or misses without a READ step)")
+    _check(
+        misses == n and admitted == n and later_hits == n,
+        f"{misses} misses, {admitted} admissions, {later_hits} later hits for {n} admissions",
+    )
+    return _summary(times)
+
+
+def case_invalidation(b: BlockContext) -> dict[str, Any]:
+    from client_query_cache import CacheManager
+
+    ids = list(range(*b.ranges["invalidation"]))
+    expected, _ = _stored(b.client[b.db_name][INVAL], ids)
+    n = b.ops["invalidation"]
+    start = random.Random(b.seed).randrange(len(ids))
+    order = [ids[(start + j) % len(ids)] for j in range(n)]
+    clock, extra = time.perf_counter_ns, b.extra
+    times: list[int] = []
+    stale_reads = 0
+    with CacheManager(b.client) as manager:
+        cached = manager[b.db_name][INVAL]
+        raw = cached.raw
+        _wait_ready(manager, b.db_name)
+        _admit_all(manager, cached, ids, expected)
+        find_one = cached.find_one
+        before = manager.snapshot()
+        gc.collect()
+        for i in order:
+            filt = {"_id": i}
+            old = expected[i]
+            version = old["version"]
+            new = dict(old, version=version + 1)
+            # Untimed: the cache serves the current version as a hit (the
+            # read-through after the previous write of i admitted it).
+            for _ in range(3):
+                hits = manager.snapshot().hits
+                _check(find_one(filt) == old, f"document {i} is not its current version before the write")
+                if manager.snapshot().hits == hits + 1:
+                    break
+            else:
+                raise RuntimeError(f"document {i} is not cached before the write")
+            raw.update_one(filt, {"$set": {"version": version + 1}})
+            t0 = clock()
+            while True:
+                ts = clock()
+                got = find_one(filt)
+                if got is None or got.get("version") != version:
+                    break
+                stale_reads += 1
+                if ts - t0 > STALE_DEADLINE_NS:
+                    raise RuntimeError(f"the cache still served the old version of {i} after 10 s")
+            if extra:
+                ts = _stretch(t0, ts, extra)
+            times.append(ts - t0)
+            _check(got == new, f"document {i} after the write is not the written version")
+            expected[i] = new
+        after = manager.snapshot()
+    invalidated = after.invalidations - before.invalidations
+    bypassed = after.bypass_total - before.bypass_total
+    # The new version must have come through the cache (a miss after an
+    # invalidation), not around it.
+    _check(invalidated >= n and bypassed == 0, f"{invalidated} invalidations, {bypassed} bypasses for {n} writes")
+    return _summary(times, stale_reads=stale_reads)
+
+
+CASE_FUNCS: dict[str, Callable[[BlockContext], dict[str, Any]]] = {
+    "hit": case_hit,
+    "miss": case_miss,
+    "admission": case_admission,
+    "invalidation": case_invalidation,
+}
+
+
+def run_block(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run the cases of one block with this interpreter's package, which must
+    be the one in ``cfg["lib"]``."""
+    import importlib
+
+    package = importlib.import_module("client_query_cache")
+    native = importlib.import_module("client_query_cache._native")
+    lib = Path(cfg["lib"]).resolve()
+    for mod in (package, native):
+        where = Path(str(mod.__file__)).resolve()
+        if not where.is_relative_to(lib):
+            raise RuntimeError(f"{mod.__name__} was imported from {where}, not from {lib}")
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(cfg["uri"])
+    results: dict[str, Any] = {}
+    try:
+        for case in cfg["cases"]:
+            ctx = BlockContext(
+                client=client,
+                db_name=cfg["db"],
+                ops=cfg["ops"],
+                ranges=cfg["ranges"],
+                seed=cfg["seed"] * 8 + CASES.index(case),
+                extra=cfg["extra"],
+            )
+            started = time.perf_counter()
+            try:
+                results[case] = CASE_FUNCS[case](ctx)
+            except Unavailable as exc:
+                results[case] = {"unavailable": str(exc)}
+            except Exception:
+                results[case] = {"error": traceback.format_exc(limit=6)}
+            results[case]["seconds"] = time.perf_counter() - started
+    finally:
+        client.close()
+    return {"cases": results, "pid": os.getpid()}
+
+
+def _block_main(argv: list[str]) -> int:
+    config_path, out_path = argv
+    with open(config_path, encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    write_json(out_path, run_block(cfg))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# The parent: sides, data, pairs of blocks, report
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Side:
+    name: str  # "base" or "work"
+    label: str  # what was built
+    lib: Path
+    extra: float
+
+
+def ops_per_block(ops: int) -> dict[str, int]:
+    return {
+        "hit": ops,
+        "admission": max(10, ops // 2),
+        "miss": max(10, ops // 10),
+        "invalidation": max(5, ops // 50),
+    }
+
+
+def id_ranges(ops: dict[str, int]) -> dict[str, list[int]]:
+    """Disjoint ``_id`` ranges of the docs collection per case (and of the
+    inval collection for invalidation)."""
+    hit_docs = max(50, min(1000, ops["hit"] // 2))
+    miss_end = hit_docs + WARM + ops["miss"]
+    return {
+        "hit": [0, hit_docs],
+        "miss": [hit_docs, miss_end],
+        "admission": [miss_end, miss_end + 2 * WARM + ops["admission"]],
+        "invalidation": [0, INVAL_DOCS],
+    }
+
+
+def load_data(uri: str, db_name: str, ranges: dict[str, list[int]], seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    try:
+        total = max(r[1] for k, r in ranges.items() if k != "invalidation")
+        docs = [make_document(i, rng) for i in range(total)]
+        client[db_name][DOCS].insert_many(docs)
+        client[db_name][INVAL].insert_many([make_document(i, rng) for i in range(INVAL_DOCS)])
+        # Every document read once, so no block is the first to touch one.
+        read = sum(1 for _ in client[db_name][DOCS].find({}, {"_id": 1, "bio": 1}))
+        sizes = [len(bson.encode(d)) for d in docs]
+    finally:
+        client.close()
+    return {"documents": total, "read_back": read, "document_bytes_mean": sum(sizes) / len(sizes)}
+
+
+def run_child(side: Side, cfg: dict[str, Any], workdir: Path, tag: str) -> dict[str, Any]:
+    cfg = dict(cfg, lib=str(side.lib), extra=side.extra)
+    config_path, out_path = workdir / f"{tag}.json", workdir / f"{tag}.out.json"
+    write_json(str(config_path), cfg)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CQC_SANITIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(side.lib), str(REPO_ROOT)])
+    cmd = [sys.executable, "-m", "benchmarks.guard", _RUN_BLOCK, str(config_path), str(out_path)]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, timeout=BLOCK_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise GuardError(f"block {tag} did not finish within {BLOCK_TIMEOUT_S:g} s") from None
+    if proc.returncode != 0 or not out_path.exists():
+        tail = "\n".join(proc.stderr.splitlines()[-25:])
+        raise GuardError(f"block {tag} ({side.label}) failed with status {proc.returncode}:\n{tail}")
+    with open(out_path, encoding="utf-8") as fh:
+        result: dict[str, Any] = json.load(fh)
+    return result
+
+
+def _fmt_ns(ns: float) -> str:
+    return "-" if not math.isfinite(ns) else f"{ns / 1000:.2f}"
+
+
+def measure(
+    sides: dict[str, Side], uri: str, db_name: str, args: argparse.Namespace, workdir: Path
+) -> tuple[dict[str, Comparison], list[dict[str, Any]]]:
+    """Run the warm-up pair and ``args.blocks`` measured pairs; compare."""
+    ops = ops_per_block(args.ops)
+    ranges = id_ranges(ops)
+    blocks: list[dict[str, Any]] = []
+    medians: dict[str, dict[str, list[float]]] = {c: {"base": [], "work": []} for c in CASES}
+    dropped: dict[str, Comparison] = {}
+    pairs = args.blocks
+    for p in range(-args.warmup_pairs, pairs):
+        order = ("base", "work") if p % 2 == 0 else ("work", "base")
+        rot = p % len(CASES)
+        cases = [c for c in CASES[rot:] + CASES[:rot] if c not in dropped]
+        if not cases:
+            break
+        what = "warm-up pair" if p < 0 else f"pair {p + 1}/{pairs}"
+        for side_name in order:
+            side = sides[side_name]
+            cfg = {"uri": uri, "db": db_name, "cases": cases, "ops": ops, "ranges": ranges, "seed": args.seed + p}
+            started = time.perf_counter()
+            out = run_child(side, cfg, workdir, f"{p + args.warmup_pairs:02d}-{side_name}")
+            wall = time.perf_counter() - started
+            blocks.append({"pair": p, "side": side_name, "cases": out["cases"], "seconds": wall})
+            parts = []
+            for case in cases:
+                r = out["cases"][case]
+                if "p50_ns" in r:
+                    parts.append(f"{case} {_fmt_ns(r['p50_ns'])}")
+                    if p >= 0:
+                        medians[case][side_name].append(float(r["p50_ns"]))
+                    continue
+                parts.append(f"{case} -")
+                # The last line of the traceback; the whole one is in the block's report.
+                problem = (r.get("unavailable") or r.get("error") or "?").strip().splitlines()[-1]
+                if side_name == "base":
+                    dropped[case] = not_measured(Verdict.NOT_COMPARABLE, f"the base cannot run it: {problem}")
+                else:
+                    dropped[case] = not_measured(Verdict.ERROR, f"the working tree fails it: {problem}")
+            progress(f"[{what}] {side_name}: " + ", ".join(parts) + f" (p50 us; {wall:.1f} s)")
+    comparisons: dict[str, Comparison] = {}
+    for case in CASES:
+        if case in dropped:
+            comparisons[case] = dropped[case]
+        else:
+            m = medians[case]
+            comparisons[case] = decide(
+                m["base"], m["work"], threshold=args.threshold, confidence=args.confidence
+            )
+    return comparisons, blocks
+
+
+def _median_of_block_medians(blocks: list[dict[str, Any]], case: str, side: str) -> float:
+    vals = sorted(
+        b["cases"][case]["p50_ns"] for b in blocks
+        if b["pair"] >= 0 and b["side"] == side and "p50_ns" in b["cases"].get(case, {})
+    )  # fmt: skip
+    return quantile(vals, 50) if vals else float("nan")
+
+
+def _print(report: dict[str, Any]) -> None:
+    cfg = report["config"]
+    print(
+        f"guard: {report['work']['label']} vs base {report['base']['label']}; "
+        f"{cfg['pairs']} pairs of blocks (ABBA), threshold {cfg['threshold']:g}, "
+        f"{cfg['confidence']:.0%} intervals"
+    )
+    if cfg["slowdown_injection"] != 1.0:
+        print(f"SELF-CHECK: the working-tree side's timed intervals are stretched {cfg['slowdown_injection']:g}x")
+    print(
+        f"{'case':<13} {'ops':>5} {'base p50 us':>12} {'work p50 us':>12} {'work/base':>9} "
+        f"{'estimate':>8} {format(cfg['confidence'], '.0%') + ' interval':>17}  verdict"
+    )
+    for case, r in report["cases"].items():
+        c = r["comparison"]
+        span = "-" if not math.isfinite(c["ci_low"]) else f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+        ratio = "-" if not math.isfinite(c["ratio_of_medians"]) else f"{c['ratio_of_medians']:.3f}"
+        est = "-" if not math.isfinite(c["estimate"]) else f"{c['estimate']:.3f}"
+        print(
+            f"{case:<13} {cfg['ops'][case]:>5} {_fmt_ns(r['base_p50_ns']):>12} {_fmt_ns(r['work_p50_ns']):>12} "
+            f"{ratio:>9} {est:>8} {span:>17}  {c['verdict']}"
+        )
+    for case, r in report["cases"].items():
+        c = r["comparison"]
+        if c["verdict"] != Verdict.OK.value:
+            print(f"  {case}: {c['verdict']}: {c['reason'].splitlines()[0]}")
+    print(f"result: {report['result']} (exit {report['exit_status']}); {report['seconds']['total']:.0f} s")
+
+
+def exit_status(comparisons: dict[str, Comparison]) -> int:
+    verdicts = {c.verdict for c in comparisons.values()}
+    if Verdict.SLOWER in verdicts:
+        return 1
+    if Verdict.ERROR in verdicts:
+        return 2
+    return 0
+
+
+def _describe_worktree() -> str:
+    head = _git("rev-parse", "--short", "HEAD").stdout.decode().strip()
+    dirty = _git("status", "--porcelain", "--untracked-files=normal").stdout.strip()
+    return f"working tree (HEAD {head}{' + uncommitted changes' if dirty else ''})"
+
+
+def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
+    from client_query_cache.testing import disposable_uri
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    base_sha = resolve_rev(args.base_rev)
+    export_rev(base_sha, tmp / "base-src")
+    check_layout(tmp / "base-src", f"BASE_REV {args.base_rev} ({base_sha[:12]})")
+    if args.work_rev:
+        work_sha = resolve_rev(args.work_rev)
+        export_rev(work_sha, tmp / "work-src")
+        work_label = f"{args.work_rev} ({work_sha[:12]})"
+    else:
+        export_worktree(tmp / "work-src")
+        work_label = _describe_worktree()
+    check_layout(tmp / "work-src", work_label)
+    progress("building both sides (setup.py build, out of place)...")
+    builds = {
+        name: start_build(tmp / f"{name}-src", tmp / name) for name in ("base", "work")
+    }  # both at once: two cores, one compiler each
+    labels = {"base": f"{args.base_rev} ({base_sha[:12]})", "work": work_label}
+    for name, (proc, lib, log) in builds.items():
+        finish_build(proc, lib, log, labels[name])
+    timings["build"] = time.perf_counter() - t
+    sides = {
+        "base": Side("base", labels["base"], tmp / "base" / "lib", 0.0),
+        "work": Side("work", labels["work"], tmp / "work" / "lib", args.slowdown_injection - 1.0),
+    }
+    report["base"] = {"label": labels["base"], "commit": base_sha}
+    report["work"] = {
+        "label": labels["work"],
+        "commit": resolve_rev(args.work_rev) if args.work_rev else None,
+        "head": None if args.work_rev else resolve_rev("HEAD"),
+    }
+
+    progress("starting the server (or using MONGODB_URI)...")
+    with disposable_uri() as uri:
+        rng = random.Random(args.seed)
+        db_name = f"cqc_guard_{int(time.time())}_{rng.randint(0, 10**6)}"
+        try:
+            t = time.perf_counter()
+            ops = ops_per_block(args.ops)
+            report["data"] = load_data(uri, db_name, id_ranges(ops), args.seed)
+            timings["data"] = time.perf_counter() - t
+            t = time.perf_counter()
+            workdir = tmp / "blocks"
+            workdir.mkdir()
+            comparisons, blocks = measure(sides, uri, db_name, args, workdir)
+            timings["blocks"] = time.perf_counter() - t
+        finally:
+            client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+            try:
+                client.drop_database(db_name)
+            except pymongo.errors.PyMongoError as exc:  # do not hide the error that got here
+                progress(f"could not drop {db_name}: {exc}")
+            finally:
+                client.close()
+    report["blocks"] = blocks
+    report["cases"] = {
+        case: {
+            "comparison": comparisons[case].as_dict(),
+            "base_p50_ns": _median_of_block_medians(blocks, case, "base"),
+            "work_p50_ns": _median_of_block_medians(blocks, case, "work"),
+            "base_block_p50_ns": [b["cases"][case].get("p50_ns") for b in blocks if b["pair"] >= 0 and b["side"] == "base" and case in b["cases"]],
+            "work_block_p50_ns": [b["cases"][case].get("p50_ns") for b in blocks if b["pair"] >= 0 and b["side"] == "work" and case in b["cases"]],
+        }
+        for case in CASES
+    }
+    report["seconds"] = timings
+    status = exit_status(comparisons)
+    verdicts = {c.verdict for c in comparisons.values()}
+    report["result"] = (
+        "slower" if status == 1 else "error" if status == 2
+        else "inconclusive" if verdicts & {Verdict.INCONCLUSIVE, Verdict.NOT_COMPARABLE} else "ok"
+    )  # fmt: skip
+    report["exit_status"] = status
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [_RUN_BLOCK]:
+        return _block_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.guard", description=__doc__.split("\n")[0])
+    parser.add_argument("base_rev", metavar="BASE_REV", help="the revision to compare the working tree with")
+    parser.add_argument("--quick", action="store_true", help="6 pairs, 500 hit reads per block (a smoke run)")
+    parser.add_argument("--blocks", type=int, default=None, help="measured pairs of blocks (default 12, quick 6)")
+    parser.add_argument(
+        "--ops", type=int, default=None,
+        help="hit reads per block (default 2000, quick 500); admission ops/2, miss ops/10, invalidation ops/50",
+    )  # fmt: skip
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--work-rev", metavar="REV", help="build REV instead of the working tree")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="work/base ratio that fails (1.15)")
+    parser.add_argument("--confidence", type=float, default=CONFIDENCE, help="of the intervals (0.95)")
+    parser.add_argument(
+        "--slowdown-injection", type=float, default=1.0, metavar="F",
+        help="self-check: stretch every timed interval of the working-tree side F times",
+    )  # fmt: skip
+    parser.add_argument("--warmup-pairs", type=int, default=1, help="discarded pairs before measuring (1)")
+    parser.add_argument("--seed", type=int, default=20261203)
+    args = parser.parse_args(argv)
+    args.blocks = args.blocks if args.blocks is not None else (6 if args.quick else 12)
+    args.ops = args.ops if args.ops is not None else (500 if args.quick else 2000)
+    if args.blocks < 1 or args.ops < 10 or args.warmup_pairs < 0:
+        parser.error("--blocks must be >= 1, --ops >= 10, --warmup-pairs >= 0")
+    if args.slowdown_injection < 1.0 or not 0.0 < args.confidence < 1.0 or args.threshold <= 1.0:
+        parser.error("--slowdown-injection must be >= 1, --confidence in (0, 1), --threshold > 1")
+
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "mode": "quick" if args.quick else "full",
+        "method": {
+            "blocks": "one child process per side and pair, ABBA order, warm-up pair discarded; "
+            "per block and case the nearest-rank median of the per-operation times",
+            "comparison": "paired log ratios work/base of the block medians: Hodges-Lehmann "
+            "estimate, exact Wilcoxon signed-rank confidence interval",
+            "verdict": "slower if the interval is above the threshold, ok if below, else inconclusive",
+            "timer": "time.perf_counter_ns around each operation",
+        },
+        "config": {
+            "base_rev": args.base_rev,
+            "work_rev": args.work_rev,
+            "pairs": args.blocks,
+            "warmup_pairs": args.warmup_pairs,
+            "ops": ops_per_block(args.ops),
+            "threshold": args.threshold,
+            "confidence": args.confidence,
+            "slowdown_injection": args.slowdown_injection,
+            "seed": args.seed,
+            "external_deployment": bool(os.environ.get("MONGODB_URI")),
+        },
+        "machine": machine_facts(),
+    }
+    try:
+        with tempfile.TemporaryDirectory(prefix="cqc-guard-") as tmp:
+            status = _guard(args, Path(tmp), report)
+    except GuardError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        report["error"] = str(exc)
+        status = 2
+    except Exception as exc:  # exit status 1 means "slower": anything else is 2
+        traceback.print_exc()
+        report["error"] = repr(exc)
+        status = 2
+    report["seconds"] = dict(report.get("seconds", {}), total=time.perf_counter() - started)
+    if "result" in report:
+        _print(report)
+        for case, r in report["cases"].items():
+            v = r["comparison"]["verdict"]
+            if v in (Verdict.INCONCLUSIVE.value, Verdict.NOT_COMPARABLE.value):
+                print(f"warning: {case}: {v}", file=sys.stderr)
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
