@@ -431,9 +431,12 @@ def test_reads_under_one_generation_with_different_results_are_never_served(
     assert snap.hits == after.hits
     assert snap.rejected_admissions["conflict"] == after.rejected_admissions["conflict"] + 2
 
-    # Once a write's event moves the generation on, the document is cached again.
+    # Once a write's event moves the generation on, the document is cached
+    # again. (Reads go to the server until then, so seeing "newest" does not
+    # mean the event has arrived: wait for the event itself.)
+    events = stream_of(manager, db_name).events
     other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": "newest"}})
-    wait_until(lambda: _by_id(coll, 1) == {"_id": 1, "v": "newest"}, what="the update reaches the cache")
+    wait_until(lambda: stream_of(manager, db_name).events > events, what="the update reaches the cache")
     _cache_twice(manager, coll, 1, {"_id": 1, "v": "newest"})
 
 
