@@ -529,15 +529,25 @@ class Case:
         return f"{self.reason.value}-{self.variant}"
 
 
-def _find_one(*args: Any, name: str = "items", options: dict[str, Any] | None = None, **kwargs: Any) -> Build:
-    """The case "await find_one(*args, **kwargs)" on collection ``name``."""
+def _read(
+    method: str, *args: Any, name: str = "items", options: dict[str, Any] | None = None, **kwargs: Any
+) -> Build:
+    """The case "await method(*args, **kwargs)" on collection ``name``."""
 
     async def build(ctx: Ctx) -> Any:
         cached = await ctx.cached(name, **(options or {}))
         raw = ctx.raw(name, **(options or {}))
-        return ctx.manager, lambda: cached.find_one(*args, **kwargs), lambda: raw.find_one(*args, **kwargs)
+        return (
+            ctx.manager,
+            lambda: getattr(cached, method)(*args, **kwargs),
+            lambda: getattr(raw, method)(*args, **kwargs),
+        )
 
     return build
+
+
+def _find_one(*args: Any, **kwargs: Any) -> Build:
+    return _read("find_one", *args, **kwargs)
 
 
 async def _to_list_or_value(result: Any) -> Any:
@@ -628,28 +638,28 @@ CASES = [
         _find_one({"_id": 1}, options={"read_concern": ReadConcern("local")}),
     ),
     Case(BypassReason.SESSION, "explicit", _session),
-    Case(BypassReason.UNSUPPORTED_OPTION, "sort", _find_one({"_id": 1}, sort=[("v", 1)])),
-    Case(BypassReason.UNSUPPORTED_OPTION, "skip", _find_one({"_id": 1}, skip=1)),
+    Case(BypassReason.UNSUPPORTED_OPTION, "hint", _find_one({"v": "one"}, hint=[("_id", 1)])),
+    Case(BypassReason.UNSUPPORTED_OPTION, "collation", _find_one({"v": "ONE"}, collation={"locale": "en", "strength": 2})),
     Case(BypassReason.UNSUPPORTED_OPTION, "two_positional", _find_one({"_id": 1}, None, 0)),
+    Case(BypassReason.UNSUPPORTED_OPTION, "count_hint", _read("count_documents", {}, hint="_id_")),
+    Case(BypassReason.UNSUPPORTED_OPTION, "distinct_collation", _read("distinct", "v", collation={"locale": "en"})),
+    Case(BypassReason.UNSUPPORTED_OPTION, "estimated_extra", _read("estimated_document_count", query={"v": "one"})),
     Case(BypassReason.UNKNOWN_OPTION, "bogus_keyword", _find_one({"_id": 1}, bogus=1)),
     Case(
         BypassReason.NONDETERMINISTIC,
         "meta_projection",
         _find_one({"_id": 1}, {"score": {"$meta": "textScore"}}),
     ),
+    Case(BypassReason.NONDETERMINISTIC, "where", _find_one({"$where": "this.v == 'one'"})),
+    Case(BypassReason.NONDETERMINISTIC, "now", _read("count_documents", {"$expr": {"$lt": ["$ts", "$$NOW"]}})),
+    Case(BypassReason.NONDETERMINISTIC, "rand", _read("distinct", "v", {"$expr": {"$lt": [{"$rand": {}}, 2]}})),
+    Case(BypassReason.UNKNOWN_OPERATOR, "near", _find_one({"loc": {"$near": [0, 0]}})),
+    Case(BypassReason.UNKNOWN_OPERATOR, "json_schema", _read("count_documents", {"$jsonSchema": {"required": ["v"]}})),
     Case(BypassReason.UNENCODABLE, "int_over_64_bits", _find_one({"_id": 2**70})),
     Case(BypassReason.UNENCODABLE, "projection_not_a_mapping", _find_one({"_id": 1}, 5)),
-    Case(BypassReason.UNSUPPORTED_ID_TYPE, "document", _find_one({"_id": {"a": 1}})),
-    Case(BypassReason.UNSUPPORTED_ID_TYPE, "decimal128", _find_one({"_id": Decimal128("1.5")})),
-    Case(BypassReason.UNSUPPORTED_ID_TYPE, "operator", _find_one({"_id": {"$in": [1, 2]}})),
-    Case(BypassReason.NOT_IDENTITY_FILTER, "other_field", _find_one({"v": "two"})),
-    Case(BypassReason.NOT_IDENTITY_FILTER, "id_and_more", _find_one({"_id": 1, "v": "one"})),
-    Case(BypassReason.NOT_IDENTITY_FILTER, "no_filter", _find_one()),
+    Case(BypassReason.UNENCODABLE, "distinct_key_not_a_string", _read("distinct", 5)),
     Case(BypassReason.UNCACHED_METHOD, "find", _uncached("find", {"_id": 1})),
     Case(BypassReason.UNCACHED_METHOD, "aggregate", _uncached("aggregate", [{"$match": {"_id": 1}}])),
-    Case(BypassReason.UNCACHED_METHOD, "count_documents", _uncached("count_documents", {})),
-    Case(BypassReason.UNCACHED_METHOD, "estimated_document_count", _uncached("estimated_document_count")),
-    Case(BypassReason.UNCACHED_METHOD, "distinct", _uncached("distinct", "v")),
 ]
 
 

@@ -384,14 +384,14 @@ def test_a_write_racing_a_miss_is_not_admitted(manager, client, other_client, db
     assert manager.snapshot().hits == after.hits  # that was a miss, not a stale hit
 
 
-def _hold_back_one_admission(manager: CacheManager) -> list[tuple[Any, bytes, Any]]:
-    """Make the next miss record (plan, token, raw result) instead of admitting."""
+def _hold_back_one_admission(manager: CacheManager) -> list[tuple[Any, bytes, bytes | None]]:
+    """Make the next miss record (plan, token, BSON result) instead of admitting."""
     engine = manager._engine
-    held: list[tuple[Any, bytes, Any]] = []
+    held: list[tuple[Any, bytes, bytes | None]] = []
     real_admit = engine.admit
 
-    def hold(plan: Any, token: bytes, raw: Any) -> None:
-        held.append((plan, token, raw))
+    def hold(plan: Any, token: bytes, value: bytes | None) -> None:
+        held.append((plan, token, value))
         engine.admit = real_admit  # only this one
 
     engine.admit = hold
@@ -413,7 +413,7 @@ def test_reads_under_one_generation_with_different_results_are_never_served(
     held = _hold_back_one_admission(manager)
     assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
     ((plan, token, older),) = held
-    newer = RawBSONDocument(bson.encode({"_id": 1, "v": "new"}))
+    newer = bson.encode({"_id": 1, "v": "new"})
     before = manager.snapshot()
 
     for raw in (older, newer, older, newer) if older_first else (newer, older, newer, older):
@@ -445,10 +445,10 @@ def test_the_same_result_admitted_twice_under_one_generation_stays_cached(manage
     coll = ready_collection(manager, db_name, "items")
     held = _hold_back_one_admission(manager)
     assert _by_id(coll, 1) == {"_id": 1, "v": "old"}
-    (plan, token, raw), = held
+    ((plan, token, value),) = held
 
-    manager._engine.admit(plan, token, raw)
-    manager._engine.admit(plan, token, RawBSONDocument(bytes(raw.raw)))
+    manager._engine.admit(plan, token, value)
+    manager._engine.admit(plan, token, bytes(value))
 
     snap = manager.snapshot()
     assert snap.rejected_admissions.get("conflict", 0) == 0
@@ -508,15 +508,25 @@ class Case:
         return f"{self.reason.value}-{self.variant}"
 
 
-def _find_one(*args: Any, name: str = "items", options: dict[str, Any] | None = None, **kwargs: Any) -> Build:
-    """The case "find_one(*args, **kwargs)" on collection ``name``."""
+def _read(
+    method: str, *args: Any, name: str = "items", options: dict[str, Any] | None = None, **kwargs: Any
+) -> Build:
+    """The case "method(*args, **kwargs)" on collection ``name``."""
 
     def build(ctx: Ctx) -> Any:
         cached = ctx.cached(name, **(options or {}))
         raw = ctx.raw(name, **(options or {}))
-        return ctx.manager, lambda: cached.find_one(*args, **kwargs), lambda: raw.find_one(*args, **kwargs)
+        return (
+            ctx.manager,
+            lambda: getattr(cached, method)(*args, **kwargs),
+            lambda: getattr(raw, method)(*args, **kwargs),
+        )
 
     return build
+
+
+def _find_one(*args: Any, **kwargs: Any) -> Build:
+    return _read("find_one", *args, **kwargs)
 
 
 def _uncached(method: str, *args: Any) -> Build:
@@ -598,28 +608,28 @@ CASES = [
         _find_one({"_id": 1}, options={"read_concern": ReadConcern("local")}),
     ),
     Case(BypassReason.SESSION, "explicit", _session),
-    Case(BypassReason.UNSUPPORTED_OPTION, "sort", _find_one({"_id": 1}, sort=[("v", 1)])),
-    Case(BypassReason.UNSUPPORTED_OPTION, "skip", _find_one({"_id": 1}, skip=1)),
+    Case(BypassReason.UNSUPPORTED_OPTION, "hint", _find_one({"v": "one"}, hint=[("_id", 1)])),
+    Case(BypassReason.UNSUPPORTED_OPTION, "collation", _find_one({"v": "ONE"}, collation={"locale": "en", "strength": 2})),
     Case(BypassReason.UNSUPPORTED_OPTION, "two_positional", _find_one({"_id": 1}, None, 0)),
+    Case(BypassReason.UNSUPPORTED_OPTION, "count_hint", _read("count_documents", {}, hint="_id_")),
+    Case(BypassReason.UNSUPPORTED_OPTION, "distinct_collation", _read("distinct", "v", collation={"locale": "en"})),
+    Case(BypassReason.UNSUPPORTED_OPTION, "estimated_extra", _read("estimated_document_count", query={"v": "one"})),
     Case(BypassReason.UNKNOWN_OPTION, "bogus_keyword", _find_one({"_id": 1}, bogus=1)),
     Case(
         BypassReason.NONDETERMINISTIC,
         "meta_projection",
         _find_one({"_id": 1}, {"score": {"$meta": "textScore"}}),
     ),
+    Case(BypassReason.NONDETERMINISTIC, "where", _find_one({"$where": "this.v == 'one'"})),
+    Case(BypassReason.NONDETERMINISTIC, "now", _read("count_documents", {"$expr": {"$lt": ["$ts", "$$NOW"]}})),
+    Case(BypassReason.NONDETERMINISTIC, "rand", _read("distinct", "v", {"$expr": {"$lt": [{"$rand": {}}, 2]}})),
+    Case(BypassReason.UNKNOWN_OPERATOR, "near", _find_one({"loc": {"$near": [0, 0]}})),
+    Case(BypassReason.UNKNOWN_OPERATOR, "json_schema", _read("count_documents", {"$jsonSchema": {"required": ["v"]}})),
     Case(BypassReason.UNENCODABLE, "int_over_64_bits", _find_one({"_id": 2**70})),
     Case(BypassReason.UNENCODABLE, "projection_not_a_mapping", _find_one({"_id": 1}, 5)),
-    Case(BypassReason.UNSUPPORTED_ID_TYPE, "document", _find_one({"_id": {"a": 1}})),
-    Case(BypassReason.UNSUPPORTED_ID_TYPE, "decimal128", _find_one({"_id": Decimal128("1.5")})),
-    Case(BypassReason.UNSUPPORTED_ID_TYPE, "operator", _find_one({"_id": {"$in": [1, 2]}})),
-    Case(BypassReason.NOT_IDENTITY_FILTER, "other_field", _find_one({"v": "two"})),
-    Case(BypassReason.NOT_IDENTITY_FILTER, "id_and_more", _find_one({"_id": 1, "v": "one"})),
-    Case(BypassReason.NOT_IDENTITY_FILTER, "no_filter", _find_one()),
+    Case(BypassReason.UNENCODABLE, "distinct_key_not_a_string", _read("distinct", 5)),
     Case(BypassReason.UNCACHED_METHOD, "find", _uncached("find", {"_id": 1})),
     Case(BypassReason.UNCACHED_METHOD, "aggregate", _uncached("aggregate", [{"$match": {"_id": 1}}])),
-    Case(BypassReason.UNCACHED_METHOD, "count_documents", _uncached("count_documents", {})),
-    Case(BypassReason.UNCACHED_METHOD, "estimated_document_count", _uncached("estimated_document_count")),
-    Case(BypassReason.UNCACHED_METHOD, "distinct", _uncached("distinct", "v")),
 ]
 
 

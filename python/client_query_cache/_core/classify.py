@@ -1,48 +1,70 @@
 """Classification of reads: cacheable (with a canonical key) or a bypass reason.
 
 Pure functions of the call's arguments and the collection's options; no I/O.
-The key of a ``find_one`` is the BSON of ``{"_id": value}`` (encoded with the
-collection's codec options, exactly as PyMongo sends it) plus the projection.
-Codec options that only affect decoding are not part of the key: the cache
-stores raw BSON and decodes every hit with the caller's codec options.
+
+A cacheable read becomes a :class:`ReadPlan`: its kind, its key parts and the
+call that reads it from MongoDB on a miss. The key is ``(kind, namespace,
+filter BSON, rest)``: the filter encoded with the collection's codec options,
+exactly as PyMongo sends it (top-level fields sorted when the filter is a flat
+equality filter, so that their permutations share an entry), and ``rest``, the
+options that change the result, tagged and encoded. Codec options that only
+affect decoding are not part of the key: the cache stores raw BSON and decodes
+every hit with the caller's codec options.
+
+Whether an entry is validated by an identity generation (it depends on one
+document) or by the namespace's write generation is decided by the C core from
+the filter bytes: exactly ``{"_id": v}`` with a canonicalizable ``v``.
+
+A read is cacheable only when its result is a function of the collection's
+documents: operators that are not (``$where``, ``$text``, ``$rand``,
+``$$NOW``, ``$meta``, ...) bypass as ``nondeterministic``, and operators the
+classifier does not know bypass as ``unknown_operator``. Malformed reads are
+left to the miss read, which raises what PyMongo raises.
 """
 
 from __future__ import annotations
 
-import datetime
-import uuid
+import struct
 from collections.abc import Mapping
 from typing import Any
 
 import bson
-from bson.binary import Binary
 from bson.codec_options import CodecOptions
-from bson.int64 import Int64
 from bson.objectid import ObjectId
 from pymongo.read_preferences import ReadPreference
 
 from .reasons import BypassReason
 
-__all__ = ["FindOnePlan", "classify_find_one", "collection_bypass", "KIND_FIND_ONE", "FAST_ID_TYPES"]
+__all__ = [
+    "ReadPlan",
+    "classify_find_one",
+    "classify_count_documents",
+    "classify_estimated_document_count",
+    "classify_distinct",
+    "collection_bypass",
+    "KIND_FIND_ONE",
+    "KIND_COUNT_DOCUMENTS",
+    "KIND_ESTIMATED_COUNT",
+    "KIND_DISTINCT",
+    "FAST_ID_TYPES",
+]
 
+# The first byte of a key: which method's result an entry holds.
 KIND_FIND_ONE = 1
+KIND_COUNT_DOCUMENTS = 2
+KIND_ESTIMATED_COUNT = 3
+KIND_DISTINCT = 4
 
 #: _id types the C fast path encodes itself (must match module.c).
 FAST_ID_TYPES = frozenset({int, str, ObjectId})
 
-#: _id types cached as identity reads: those whose BSON equality the C core
-#: canonicalizes (numbers by value, strings, ObjectId, bool, dates, binary).
-_IDENTITY_ID_TYPES = frozenset(
-    {int, float, str, ObjectId, bool, datetime.datetime, bytes, Binary, uuid.UUID, Int64}
-)
+_EMPTY_DOC = bson.encode({})
 
 # find() options that change the result of find_one unless left at their
-# default; a non-default value bypasses.
+# default; a non-default value bypasses. (sort and skip are part of the key.)
 _RESULT_OPTIONS: dict[str, Any] = {
-    "skip": 0,
     "no_cursor_timeout": False,
     "cursor_type": 0,
-    "sort": None,
     "allow_partial_results": False,
     "oplog_replay": False,
     "collation": None,
@@ -61,24 +83,30 @@ _RESULT_OPTIONS: dict[str, Any] = {
 _NEUTRAL_OPTIONS = frozenset({"batch_size", "comment", "max_time_ms", "limit"})
 
 
-class FindOnePlan:
-    """A cacheable ``find_one``: its canonical key parts and how to read it."""
+class ReadPlan:
+    """A cacheable read: its key parts and the PyMongo call that reads it.
 
-    __slots__ = ("filter", "filter_bytes", "projection", "rest", "read_kwargs")
+    ``method``, ``args`` and ``kwargs`` are the call made on the collection
+    that reads misses (primary, majority, raw BSON).
+    """
+
+    __slots__ = ("kind", "filter_bytes", "rest", "method", "args", "kwargs")
 
     def __init__(
         self,
-        filter: dict[str, Any],
+        kind: int,
         filter_bytes: bytes,
-        projection: dict[str, Any] | None,
         rest: bytes,
-        read_kwargs: dict[str, Any],
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> None:
-        self.filter = filter
+        self.kind = kind
         self.filter_bytes = filter_bytes
-        self.projection = projection
         self.rest = rest
-        self.read_kwargs = read_kwargs
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
 
 
 def collection_bypass(collection: Any) -> BypassReason | None:
@@ -93,27 +121,233 @@ def collection_bypass(collection: Any) -> BypassReason | None:
     return None
 
 
-def _has_meta(value: Any) -> bool:
-    if isinstance(value, Mapping):
-        return any(k == "$meta" or _has_meta(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(_has_meta(v) for v in value)
-    return False
+# -- determinism ------------------------------------------------------------------
+
+# Query operators whose operand is a literal (nothing to walk).
+_FIELD_OPERATORS = frozenset(
+    {
+        "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$type",
+        "$mod", "$regex", "$options", "$all", "$size",
+        "$bitsAllSet", "$bitsAnySet", "$bitsAllClear", "$bitsAnyClear",
+    }
+)  # fmt: skip
+_LOGICAL_OPERATORS = frozenset({"$and", "$or", "$nor"})
+# Operators whose result is not a function of the stored documents.
+_NONDETERMINISTIC_OPERATORS = frozenset(
+    {"$where", "$text", "$function", "$accumulator", "$rand", "$sampleRate", "$meta"}
+)
+_NONDETERMINISTIC_VARIABLES = frozenset({"NOW", "CLUSTER_TIME", "USER_ROLES", "SEARCH_META"})
+# Aggregation expression operators (deterministic).
+_EXPRESSION_OPERATORS = frozenset(
+    {
+        "$abs", "$acos", "$acosh", "$add", "$allElementsTrue", "$and", "$anyElementTrue",
+        "$arrayElemAt", "$arrayToObject", "$asin", "$asinh", "$atan", "$atan2", "$atanh", "$avg",
+        "$binarySize", "$bitAnd", "$bitNot", "$bitOr", "$bitXor", "$bsonSize", "$ceil", "$cmp",
+        "$concat", "$concatArrays", "$cond", "$convert", "$cos", "$cosh", "$dateAdd", "$dateDiff",
+        "$dateFromParts", "$dateFromString", "$dateSubtract", "$dateToParts", "$dateToString",
+        "$dateTrunc", "$dayOfMonth", "$dayOfWeek", "$dayOfYear", "$degreesToRadians", "$divide",
+        "$eq", "$exp", "$filter", "$first", "$firstN", "$floor", "$getField", "$gt", "$gte",
+        "$hour", "$ifNull", "$in", "$indexOfArray", "$indexOfBytes", "$indexOfCP", "$isArray",
+        "$isNumber", "$isoDayOfWeek", "$isoWeek", "$isoWeekYear", "$last", "$lastN", "$let",
+        "$literal", "$ln", "$log", "$log10", "$lt", "$lte", "$ltrim", "$map", "$max", "$maxN",
+        "$mergeObjects", "$millisecond", "$min", "$minN", "$minute", "$mod", "$month",
+        "$multiply", "$ne", "$not", "$objectToArray", "$or", "$pow", "$radiansToDegrees",
+        "$range", "$reduce", "$regexFind", "$regexFindAll", "$regexMatch", "$replaceAll",
+        "$replaceOne", "$reverseArray", "$round", "$rtrim", "$second", "$setDifference",
+        "$setEquals", "$setField", "$setIntersection", "$setIsSubset", "$setUnion", "$size",
+        "$sin", "$sinh", "$slice", "$sortArray", "$split", "$sqrt", "$stdDevPop", "$stdDevSamp",
+        "$strcasecmp", "$strLenBytes", "$strLenCP", "$substr", "$substrBytes", "$substrCP",
+        "$subtract", "$sum", "$switch", "$tan", "$tanh", "$toBool", "$toDate", "$toDecimal",
+        "$toDouble", "$toInt", "$toLong", "$toLower", "$toObjectId", "$toString", "$toUpper",
+        "$trim", "$trunc", "$tsIncrement", "$tsSecond", "$type", "$unsetField", "$week",
+        "$year", "$zip",
+    }
+)  # fmt: skip
+# Projection operators besides expressions.
+_PROJECTION_OPERATORS = frozenset({"$elemMatch", "$slice"})
+
+
+def check_expression(expr: Any, extra: frozenset[str] = frozenset()) -> BypassReason | None:
+    """Why an aggregation expression is not cacheable (None if it is)."""
+    if isinstance(expr, str):
+        if expr.startswith("$$"):
+            if expr[2:].split(".", 1)[0] in _NONDETERMINISTIC_VARIABLES:
+                return BypassReason.NONDETERMINISTIC
+        return None
+    if isinstance(expr, Mapping):
+        for key, value in expr.items():
+            if isinstance(key, str) and key.startswith("$"):
+                if key in _NONDETERMINISTIC_OPERATORS:
+                    return BypassReason.NONDETERMINISTIC
+                if key == "$literal":
+                    continue  # its operand is data, not an expression
+                if key == "$elemMatch" and key in extra:
+                    reason = check_filter(value) if isinstance(value, Mapping) else None
+                    if reason is not None:
+                        return reason
+                    continue
+                if key not in _EXPRESSION_OPERATORS and key not in extra:
+                    return BypassReason.UNKNOWN_OPERATOR
+            reason = check_expression(value, extra)
+            if reason is not None:
+                return reason
+        return None
+    if isinstance(expr, (list, tuple)):
+        for item in expr:
+            reason = check_expression(item, extra)
+            if reason is not None:
+                return reason
+    return None
+
+
+def _is_operator_document(value: Any) -> bool:
+    return isinstance(value, Mapping) and any(isinstance(k, str) and k.startswith("$") for k in value)
+
+
+def _check_operators(operators: Mapping[Any, Any]) -> BypassReason | None:
+    """``{"$gt": 1, ...}`` as the value of a field."""
+    for op, operand in operators.items():
+        if op in _FIELD_OPERATORS:
+            continue
+        if op == "$not":
+            if _is_operator_document(operand):
+                reason = _check_operators(operand)
+                if reason is not None:
+                    return reason
+            continue  # a regular expression, or an error the server reports
+        if op == "$elemMatch":
+            # Its operand holds operators on the element itself ({"$gt": 1})
+            # and/or a filter on the element's fields ({"a": 1, "$or": ...}).
+            if isinstance(operand, Mapping):
+                for k, v in operand.items():
+                    if k in _FIELD_OPERATORS or k in ("$not", "$elemMatch"):
+                        reason = _check_operators({k: v})
+                    else:
+                        reason = check_filter({k: v})
+                    if reason is not None:
+                        return reason
+            continue
+        if op in _NONDETERMINISTIC_OPERATORS:
+            return BypassReason.NONDETERMINISTIC
+        return BypassReason.UNKNOWN_OPERATOR
+    return None
+
+
+def check_filter(filter: Mapping[Any, Any]) -> BypassReason | None:
+    """Why a query filter is not cacheable (None if it is)."""
+    for key, value in filter.items():
+        if not isinstance(key, str):
+            return BypassReason.UNENCODABLE
+        if key.startswith("$"):
+            if key in _LOGICAL_OPERATORS:
+                if isinstance(value, (list, tuple)):
+                    for clause in value:
+                        if isinstance(clause, Mapping):
+                            reason = check_filter(clause)
+                            if reason is not None:
+                                return reason
+                continue  # anything else is an error the server reports
+            if key == "$expr":
+                reason = check_expression(value)
+            elif key == "$comment":
+                reason = None
+            elif key in _NONDETERMINISTIC_OPERATORS:
+                reason = BypassReason.NONDETERMINISTIC
+            else:
+                reason = BypassReason.UNKNOWN_OPERATOR
+        elif _is_operator_document(value):
+            reason = _check_operators(value)
+        else:
+            reason = None  # equality with a literal (documents included)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _canonical_filter(filter: Mapping[Any, Any]) -> dict[str, Any]:
+    """Sort the fields of a flat equality filter (no operators, no embedded
+    documents at the top level): their order cannot change the result."""
+    flat = all(
+        isinstance(k, str) and not k.startswith("$") and not isinstance(v, Mapping)
+        for k, v in filter.items()
+    )
+    return dict(sorted(filter.items())) if flat else dict(filter)
+
+
+# -- options -----------------------------------------------------------------------
 
 
 def _normalize_projection(projection: Any) -> dict[str, Any] | BypassReason:
     if isinstance(projection, Mapping):
-        if _has_meta(projection):
-            return BypassReason.NONDETERMINISTIC
-        return dict(projection)
+        reason = check_expression(dict(projection), _PROJECTION_OPERATORS)
+        return reason if reason is not None else dict(projection)
     if isinstance(projection, (list, tuple)) and all(isinstance(f, str) for f in projection):
         return {f: 1 for f in projection}
     return BypassReason.UNENCODABLE  # PyMongo raises its own TypeError
 
 
+def _normalize_sort(sort: Any) -> dict[str, Any] | BypassReason:
+    pairs: list[tuple[Any, Any]]
+    if isinstance(sort, Mapping):
+        pairs = list(sort.items())
+    elif isinstance(sort, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in sort):
+        pairs = [(p[0], p[1]) for p in sort]
+    else:
+        return BypassReason.UNSUPPORTED_OPTION  # PyMongo accepts or rejects it itself
+    out: dict[str, Any] = {}
+    for field, direction in pairs:
+        if isinstance(direction, Mapping):
+            return BypassReason.NONDETERMINISTIC  # {"$meta": ...}
+        if not isinstance(field, str) or type(direction) is not int or direction not in (1, -1) or field in out:
+            return BypassReason.UNSUPPORTED_OPTION
+        out[field] = direction
+    return out
+
+
+def _encode(value: Any, codec_options: CodecOptions[Any]) -> bytes | None:
+    try:
+        return bson.encode(value, codec_options=codec_options)
+    except (bson.errors.BSONError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def _plan_filter(
+    filter: Any, codec_options: CodecOptions[Any]
+) -> tuple[dict[str, Any], bytes] | BypassReason:
+    """The canonical filter and its BSON, or why it is not cacheable."""
+    if not isinstance(filter, Mapping):
+        return BypassReason.UNENCODABLE  # PyMongo raises its own TypeError
+    reason = check_filter(filter)
+    if reason is not None:
+        return reason
+    canonical = _canonical_filter(filter)
+    encoded = _encode(canonical, codec_options)
+    if encoded is None:
+        return BypassReason.UNENCODABLE
+    return canonical, encoded
+
+
+def _neutral(kwargs: dict[str, Any], neutral: frozenset[str]) -> dict[str, Any] | BypassReason:
+    """Split off ``session`` (bypasses unless None) and check that every
+    other keyword is ``neutral``."""
+    out: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name == "session":
+            if value is not None:
+                return BypassReason.SESSION
+        elif name in neutral:
+            out[name] = value
+        else:
+            return BypassReason.UNSUPPORTED_OPTION
+    return out
+
+
+# -- the methods -------------------------------------------------------------------
+
+
 def classify_find_one(
     filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
-) -> FindOnePlan | BypassReason:
+) -> ReadPlan | BypassReason:
     """Decide whether ``find_one(filter, *args, **kwargs)`` can be cached."""
     projection = None
     if args:
@@ -121,6 +355,8 @@ def classify_find_one(
             return BypassReason.UNSUPPORTED_OPTION
         projection = args[0]
     read_kwargs: dict[str, Any] = {}
+    sort: Any = None
+    skip: Any = 0
     for name, value in kwargs.items():
         if name == "projection":
             if args:
@@ -129,6 +365,10 @@ def classify_find_one(
         elif name == "session":
             if value is not None:
                 return BypassReason.SESSION
+        elif name == "sort":
+            sort = value
+        elif name == "skip":
+            skip = value
         elif name in _NEUTRAL_OPTIONS:
             read_kwargs[name] = value
         elif name in _RESULT_OPTIONS:
@@ -138,24 +378,109 @@ def classify_find_one(
             return BypassReason.UNKNOWN_OPTION
 
     if filter is None:
-        return BypassReason.NOT_IDENTITY_FILTER
-    if not isinstance(filter, Mapping):
+        filter = {}
+    elif not isinstance(filter, Mapping):
         filter = {"_id": filter}  # PyMongo's find_one(value) shorthand
-    if len(filter) != 1 or "_id" not in filter:
-        return BypassReason.NOT_IDENTITY_FILTER
-    id_value = filter["_id"]
-    if type(id_value) not in _IDENTITY_ID_TYPES:
-        return BypassReason.UNSUPPORTED_ID_TYPE
-    canonical = {"_id": id_value}
+    planned = _plan_filter(filter, codec_options)
+    if isinstance(planned, BypassReason):
+        return planned
+    canonical, filter_bytes = planned
 
+    # rest: tagged parts, each a length-prefixed BSON document or a fixed
+    # width integer; empty for a bare filter (the C fast path's key).
+    rest = b""
     if projection is not None:
         normalized = _normalize_projection(projection)
         if isinstance(normalized, BypassReason):
             return normalized
         projection = normalized
-    try:
-        filter_bytes = bson.encode(canonical, codec_options=codec_options)
-        rest = b"" if projection is None else b"P" + bson.encode(projection, codec_options=codec_options)
-    except (bson.errors.BSONError, TypeError, ValueError, OverflowError):
+        encoded = _encode(projection, codec_options)
+        if encoded is None:
+            return BypassReason.UNENCODABLE
+        rest += b"P" + encoded
+    if sort is not None:
+        normalized_sort = _normalize_sort(sort)
+        if isinstance(normalized_sort, BypassReason):
+            return normalized_sort
+        if normalized_sort:
+            rest += b"S" + bson.encode(normalized_sort)
+            read_kwargs["sort"] = list(normalized_sort.items())
+    if skip:
+        if type(skip) is not int or not 0 < skip < 2**63:
+            return BypassReason.UNSUPPORTED_OPTION  # PyMongo rejects it itself
+        rest += b"K" + struct.pack("<q", skip)
+        read_kwargs["skip"] = skip
+    return ReadPlan(KIND_FIND_ONE, filter_bytes, rest, "find_one", (canonical, projection), read_kwargs)
+
+
+_COUNT_KEYED = ("skip", "limit")
+
+
+def classify_count_documents(
+    filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
+) -> ReadPlan | BypassReason:
+    """Decide whether ``count_documents(filter, *args, **kwargs)`` can be cached."""
+    if args:
+        return BypassReason.UNSUPPORTED_OPTION
+    keyed = {name: kwargs[name] for name in _COUNT_KEYED if name in kwargs}
+    rest_kwargs = {k: v for k, v in kwargs.items() if k not in keyed}
+    for name in ("collation", "hint"):
+        if rest_kwargs.get(name) is not None:
+            return BypassReason.UNSUPPORTED_OPTION
+        rest_kwargs.pop(name, None)
+    neutral = _neutral(rest_kwargs, frozenset({"comment", "maxTimeMS"}))
+    if isinstance(neutral, BypassReason):
+        return neutral
+    planned = _plan_filter(filter, codec_options)
+    if isinstance(planned, BypassReason):
+        return planned
+    canonical, filter_bytes = planned
+    rest = _encode(keyed, codec_options) if keyed else b""
+    if rest is None:
         return BypassReason.UNENCODABLE
-    return FindOnePlan(canonical, filter_bytes, projection, rest, read_kwargs)
+    return ReadPlan(
+        KIND_COUNT_DOCUMENTS, filter_bytes, rest, "count_documents", (canonical,), {**keyed, **neutral}
+    )
+
+
+def classify_estimated_document_count(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ReadPlan | BypassReason:
+    """Decide whether ``estimated_document_count(*args, **kwargs)`` can be cached."""
+    if args:
+        return BypassReason.UNSUPPORTED_OPTION
+    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS"}))
+    if isinstance(neutral, BypassReason):
+        return neutral
+    return ReadPlan(KIND_ESTIMATED_COUNT, _EMPTY_DOC, b"", "estimated_document_count", (), neutral)
+
+
+def classify_distinct(
+    key: Any, args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
+) -> ReadPlan | BypassReason:
+    """Decide whether ``distinct(key, *args, **kwargs)`` can be cached."""
+    if not isinstance(key, str):
+        return BypassReason.UNENCODABLE  # PyMongo raises its own TypeError
+    if len(args) > 1:
+        return BypassReason.UNSUPPORTED_OPTION
+    kwargs = dict(kwargs)
+    if args:
+        if "filter" in kwargs:
+            return BypassReason.UNKNOWN_OPTION  # given twice: PyMongo raises
+        kwargs["filter"] = args[0]
+    filter = kwargs.pop("filter", None)
+    for name in ("collation", "hint"):
+        if kwargs.get(name) is not None:
+            return BypassReason.UNSUPPORTED_OPTION
+        kwargs.pop(name, None)
+    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS"}))
+    if isinstance(neutral, BypassReason):
+        return neutral
+    planned = _plan_filter({} if filter is None else filter, codec_options)
+    if isinstance(planned, BypassReason):
+        return planned
+    canonical, filter_bytes = planned
+    rest = _encode({"key": key}, codec_options)
+    if rest is None:
+        return BypassReason.UNENCODABLE
+    return ReadPlan(KIND_DISTINCT, filter_bytes, rest, "distinct", (key, canonical), neutral)

@@ -27,7 +27,7 @@ import bson
 from bson.objectid import ObjectId
 
 from .. import _native
-from .classify import KIND_FIND_ONE, FindOnePlan
+from .classify import ReadPlan
 from .config import CacheConfig
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
@@ -231,10 +231,10 @@ class Engine:
 
     # -- the miss protocol --------------------------------------------------
 
-    def lookup_find_one(self, ns: NamespaceHandle, plan: FindOnePlan, codec_options: Any) -> Any:
-        return self.native.lookup(
-            ns.ns_idx, ns.db_idx, KIND_FIND_ONE, plan.filter_bytes, plan.rest, codec_options
-        )
+    def lookup(self, ns: NamespaceHandle, plan: ReadPlan, codec_options: Any) -> Any:
+        """The entry decoded with ``codec_options``, None (a cached "not
+        found"), MISS or UNHEALTHY."""
+        return self.native.lookup(ns.ns_idx, ns.db_idx, plan.kind, plan.filter_bytes, plan.rest, codec_options)
 
     def ns_key(self, ns: NamespaceHandle) -> tuple[int, int]:
         """The (epoch, incarnation) a collection probe is valid for; read it
@@ -266,7 +266,7 @@ class Engine:
             return ns.probe_verdict
         return BypassReason.MISSING_COLLECTION
 
-    def capture(self, ns: NamespaceHandle, plan: FindOnePlan, probed_under: tuple[int, int]) -> bytes | None:
+    def capture(self, ns: NamespaceHandle, plan: ReadPlan, probed_under: tuple[int, int]) -> bytes | None:
         """The admission token, or None if the read must bypass (the stream
         stopped serving, or the namespace changed since it was probed)."""
         token = self.native.capture(ns.ns_idx, plan.filter_bytes)
@@ -274,15 +274,14 @@ class Engine:
             return None
         return token
 
-    def admit(self, plan: FindOnePlan, token: bytes, raw: Any) -> None:
-        """Admit a miss's raw result (a RawBSONDocument or None)."""
-        value = None if raw is None else raw.raw
+    def admit(self, plan: ReadPlan, token: bytes, value: bytes | None) -> None:
+        """Admit a miss's result: its BSON, or None for "not found"."""
         if value is not None and len(value) > self.max_entry_bytes:
             self._count_reject(RejectReason.OVERSIZE)
             return
         # Rejections by the arena are counted there (see snapshot()); a
         # worker's ring counts what it had to drop.
-        self.native.admit(token, KIND_FIND_ONE, plan.filter_bytes, plan.rest, value)
+        self.native.admit(token, plan.kind, plan.filter_bytes, plan.rest, value)
 
     # -- state --------------------------------------------------------------
 

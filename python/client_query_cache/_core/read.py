@@ -3,28 +3,45 @@
 A facade drives a read through these steps and does only the I/O in between
 (with a sync or an async PyMongo collection):
 
-    step = core.start_find_one(filter, args, kwargs)
+    step = core.start_find_one(filter, args, kwargs)   # or start_count_documents, ...
     PROBE  -> list the collection (listCollections by name), core.probed(step, infos)
-    READ   -> read MongoDB with core.primary, core.finish(step, raw)
+    READ   -> run core.miss_read(step) (a value, or an awaitable for the async
+              client), then core.finish(step, result)
     HIT    -> step.value is the result
     BYPASS -> call PyMongo's method with the caller's arguments, unchanged
 
 The fast path (``fast_find_one``) answers ``{"_id": int|str|ObjectId}`` hits
 with one C call and no allocation besides the result; otherwise it returns the
 first Step, so a facade tells the two apart with ``type(r) is Step``.
+
+Entries hold BSON: a ``find_one`` entry the document itself (or "not found"),
+a count ``{"n": count}``, a ``distinct`` entry ``{"v": [values]}``; a hit is
+decoded with the caller's codec options, like PyMongo decodes the reply.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import bson
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
-from .classify import FAST_ID_TYPES, FindOnePlan, classify_find_one, collection_bypass
+from .classify import (
+    FAST_ID_TYPES,
+    KIND_DISTINCT,
+    KIND_FIND_ONE,
+    ReadPlan,
+    classify_count_documents,
+    classify_distinct,
+    classify_estimated_document_count,
+    classify_find_one,
+    collection_bypass,
+)
 from .engine import FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
 from .errors import CacheClosedError
 from .reasons import BypassReason
@@ -32,6 +49,13 @@ from .reasons import BypassReason
 __all__ = ["CollectionCore", "Step", "StepKind"]
 
 _ABSENT = object()  # not of a FAST_ID_TYPES type
+
+#: How distinct values are read on a miss: elements that are documents stay
+#: raw, and scalars decode to types that encode back to the same bytes (no
+#: UUID or type-registry conversion, any datetime).
+_VALUES_CODEC: CodecOptions[Any] = CodecOptions(
+    document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 
 class StepKind(enum.Enum):
@@ -50,7 +74,7 @@ class Step:
         self,
         kind: StepKind,
         value: Any = None,
-        plan: FindOnePlan | None = None,
+        plan: ReadPlan | None = None,
         key: tuple[int, int] | None = None,
         token: bytes | None = None,
     ) -> None:
@@ -72,9 +96,9 @@ class CollectionCore:
     """
 
     __slots__ = (
-        "engine", "native", "ns", "codec", "primary", "probe_db", "bypass", "fast", "generation",
-        "_db_name", "_coll_name", "_base_bypass",
-    )
+        "engine", "native", "ns", "codec", "primary", "primary_values", "probe_db", "bypass",
+        "fast", "generation", "_db_name", "_coll_name", "_base_bypass",
+    )  # fmt: skip
 
     def __init__(self, engine: Engine, collection: Any) -> None:
         self.engine = engine
@@ -87,6 +111,7 @@ class CollectionCore:
             read_preference=ReadPreference.PRIMARY,
             read_concern=ReadConcern("majority"),
         )
+        self.primary_values = self.primary.with_options(codec_options=_VALUES_CODEC)
         self.probe_db = collection.database.with_options(read_preference=ReadPreference.PRIMARY)
         self._db_name = collection.database.name
         self._coll_name = collection.name
@@ -105,7 +130,7 @@ class CollectionCore:
             self.bypass = BypassReason.NAMESPACE_UNAVAILABLE
         self.fast = self.bypass is None
 
-    # -- find_one -----------------------------------------------------------
+    # -- starting a read -------------------------------------------------------
 
     def fast_find_one(self, filter: Any) -> Any:
         """``find_one(filter)`` without other arguments: the hit itself when
@@ -124,23 +149,36 @@ class CollectionCore:
     def start_find_one(
         self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], looked_up: Any = None
     ) -> Step:
-        """Classify, look up (unless ``looked_up`` already holds the fast
-        path's MISS or UNHEALTHY), and say what the facade must do next."""
+        """``find_one(filter, *args, **kwargs)``: classify, look up (unless
+        ``looked_up`` already holds the fast path's MISS or UNHEALTHY), and
+        say what the facade must do next."""
+        return self._start(lambda: classify_find_one(filter, args, kwargs, self.codec), looked_up)
+
+    def start_count_documents(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        return self._start(lambda: classify_count_documents(filter, args, kwargs, self.codec))
+
+    def start_estimated_document_count(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        return self._start(lambda: classify_estimated_document_count(args, kwargs))
+
+    def start_distinct(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        return self._start(lambda: classify_distinct(key, args, kwargs, self.codec))
+
+    def _start(self, classify: Callable[[], ReadPlan | BypassReason], looked_up: Any = None) -> Step:
         if self.generation != self.engine.generation:
             self._bind()
             looked_up = None  # that lookup was in the old owner's arena
         self.native.check()  # CacheClosedError, CacheForkedError
         reason = self.bypass
         if reason is None:
-            plan = classify_find_one(filter, args, kwargs, self.codec)
-            if type(plan) is FindOnePlan:
+            plan = classify()
+            if type(plan) is ReadPlan:
                 result = looked_up
                 if result is None:
-                    result = self.engine.lookup_find_one(self.ns, plan, self.codec)
+                    result = self.engine.lookup(self.ns, plan, self.codec)
                 if result is MISS:
                     return self._after_miss(plan)
                 if result is not UNHEALTHY:
-                    return Step(StepKind.HIT, value=result)
+                    return Step(StepKind.HIT, value=_hit_value(plan.kind, result))
                 reason = BypassReason.STREAM_UNHEALTHY
                 if self.engine.link is not None and self.engine.owner_lost():
                     reason = BypassReason.OWNER_UNAVAILABLE
@@ -150,7 +188,9 @@ class CollectionCore:
         self.engine.count_bypass(reason)
         return _BYPASS
 
-    def _after_miss(self, plan: FindOnePlan) -> Step:
+    # -- the miss ----------------------------------------------------------------
+
+    def _after_miss(self, plan: ReadPlan) -> Step:
         key = self.engine.ns_key(self.ns)
         if self.ns.probe_key != key:
             return Step(StepKind.PROBE, plan=plan, key=key)
@@ -166,7 +206,7 @@ class CollectionCore:
         self.engine.record_probe(self.ns, step.key, infos)
         return self._capture(step.plan, step.key)
 
-    def _capture(self, plan: FindOnePlan, key: tuple[int, int]) -> Step:
+    def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
         engine = self.engine
         reason = engine.verdict(self.ns, key)
         token = None if reason is not None else engine.capture(self.ns, plan, key)
@@ -178,20 +218,48 @@ class CollectionCore:
             hook()
         return Step(StepKind.READ, plan=plan, key=key, token=token)
 
-    def finish(self, step: Step, raw: RawBSONDocument | None) -> Any:
-        """Admit a READ step's result (if still current) and return it."""
-        assert step.plan is not None and step.token is not None
+    def miss_read(self, step: Step) -> Any:
+        """Start a READ step's MongoDB read: its result, or an awaitable of it
+        with the async client."""
+        plan = step.plan
+        assert plan is not None
+        target = self.primary_values if plan.kind == KIND_DISTINCT else self.primary
+        return getattr(target, plan.method)(*plan.args, **plan.kwargs)
+
+    def finish(self, step: Step, result: Any) -> Any:
+        """Admit a READ step's result (if still current) and return what
+        PyMongo would have returned."""
+        plan = step.plan
+        assert plan is not None and step.token is not None
+        kind = plan.kind
+        if kind == KIND_FIND_ONE:
+            value = None if result is None else result.raw
+        elif kind == KIND_DISTINCT:
+            value = bson.encode({"v": result}, codec_options=_VALUES_CODEC)
+        else:
+            value = bson.encode({"n": result})
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
         try:
-            self.engine.admit(step.plan, step.token, raw)
+            self.engine.admit(plan, step.token, value)
         except CacheClosedError:
             pass  # closed while this read was in flight: return it, cache nothing
-        return None if raw is None else decode_bson(raw.raw, self.codec)
+        if value is None:
+            return None
+        if kind == KIND_FIND_ONE or kind == KIND_DISTINCT:
+            return _hit_value(kind, decode_bson(value, self.codec))
+        return result
 
     # -- reads this version does not cache ----------------------------------
 
     def uncached(self) -> None:
         self.native.check()
         self.engine.count_bypass(BypassReason.UNCACHED_METHOD)
+
+
+def _hit_value(kind: int, entry: Any) -> Any:
+    """A method's result from its decoded entry."""
+    if kind == KIND_FIND_ONE or entry is None:
+        return entry
+    return entry["v"] if kind == KIND_DISTINCT else entry["n"]

@@ -10,14 +10,8 @@ __all__ = ["BypassReason", "StreamState", "RejectReason"]
 class BypassReason(str, enum.Enum):
     """Why a read went to PyMongo instead of the cache (counted per reason)."""
 
-    #: ``find_one`` with a filter other than ``{"_id": value}``.
-    NOT_IDENTITY_FILTER = "not_identity_filter"
-    #: ``{"_id": value}`` where the value's type is not cached by identity
-    #: (documents, arrays, regular expressions, Decimal128, None, ...).
-    UNSUPPORTED_ID_TYPE = "unsupported_id_type"
     #: A PyMongo option that changes the result and is not part of the key
-    #: (sort, skip, hint, collation, max_time_ms, ...), or extra positional
-    #: arguments.
+    #: (hint, collation, cursor options, ...), or extra positional arguments.
     UNSUPPORTED_OPTION = "unsupported_option"
     #: A keyword argument PyMongo's method does not know either.
     UNKNOWN_OPTION = "unknown_option"
@@ -27,8 +21,14 @@ class BypassReason(str, enum.Enum):
     READ_PREFERENCE = "read_preference"
     #: The collection's read concern is neither unset nor majority.
     READ_CONCERN = "read_concern"
-    #: The projection asks for ``$meta`` data, which is not deterministic.
+    #: The result is not a function of the stored documents: ``$where``,
+    #: ``$text``, ``$function``, ``$accumulator``, ``$rand``, ``$sampleRate``,
+    #: ``$meta`` (in a filter, projection or sort), ``$$NOW``,
+    #: ``$$CLUSTER_TIME``, ``$$USER_ROLES``.
     NONDETERMINISTIC = "nondeterministic"
+    #: An operator the classifier does not know (geospatial, ``$jsonSchema``,
+    #: newer expression operators, ...): it may not be deterministic.
+    UNKNOWN_OPERATOR = "unknown_operator"
     #: The filter or projection cannot be encoded to BSON; PyMongo will
     #: report the problem itself.
     UNENCODABLE = "unencodable"

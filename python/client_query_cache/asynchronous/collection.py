@@ -7,6 +7,7 @@ admits nothing (admission happens after the read returns, in the same step).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
@@ -23,23 +24,40 @@ class AsyncCachedCollection(CollectionBase):
 
     __slots__ = ()
 
-    async def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """PyMongo's ``find_one``, served from the cache when it is an
-        ``{"_id": value}`` lookup that is safe to cache."""
+    async def _serve(self, step: Step, bypass: Callable[[], Awaitable[Any]]) -> Any:
+        """Drive a read's steps with the async client (a hit awaits nothing)."""
         core = self._core
-        step = core.fast_find_one(filter) if not args and not kwargs else core.start_find_one(filter, args, kwargs)
-        if type(step) is not Step:
-            return step
         if step.kind is StepKind.PROBE:
             cursor = await core.probe_db.list_collections(filter=core.probe_filter())
             step = core.probed(step, await cursor.to_list(None))
         if step.kind is StepKind.READ:
-            plan = step.plan
-            assert plan is not None
-            return core.finish(step, await core.primary.find_one(plan.filter, plan.projection, **plan.read_kwargs))
+            return core.finish(step, await core.miss_read(step))
         if step.kind is StepKind.HIT:
             return step.value
-        return await self._raw.find_one(filter, *args, **kwargs)
+        return await bypass()
+
+    async def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """PyMongo's ``find_one``, served from the cache when safe."""
+        core = self._core
+        step = core.fast_find_one(filter) if not args and not kwargs else core.start_find_one(filter, args, kwargs)
+        if type(step) is not Step:
+            return step
+        return await self._serve(step, lambda: self._raw.find_one(filter, *args, **kwargs))
+
+    async def count_documents(self, filter: Any, *args: Any, **kwargs: Any) -> int:
+        """PyMongo's ``count_documents``, served from the cache when safe."""
+        step = self._core.start_count_documents(filter, args, kwargs)
+        return await self._serve(step, lambda: self._raw.count_documents(filter, *args, **kwargs))
+
+    async def estimated_document_count(self, *args: Any, **kwargs: Any) -> int:
+        """PyMongo's ``estimated_document_count``, served from the cache when safe."""
+        step = self._core.start_estimated_document_count(args, kwargs)
+        return await self._serve(step, lambda: self._raw.estimated_document_count(*args, **kwargs))
+
+    async def distinct(self, key: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        """PyMongo's ``distinct``, served from the cache when safe."""
+        step = self._core.start_distinct(key, args, kwargs)
+        return await self._serve(step, lambda: self._raw.distinct(key, *args, **kwargs))
 
     # -- reads this version does not cache: PyMongo's, counted --------------
 
@@ -51,18 +69,6 @@ class AsyncCachedCollection(CollectionBase):
     async def aggregate(self, *args: Any, **kwargs: Any) -> Any:
         self._core.uncached()
         return await self._raw.aggregate(*args, **kwargs)
-
-    async def count_documents(self, *args: Any, **kwargs: Any) -> Any:
-        self._core.uncached()
-        return await self._raw.count_documents(*args, **kwargs)
-
-    async def estimated_document_count(self, *args: Any, **kwargs: Any) -> Any:
-        self._core.uncached()
-        return await self._raw.estimated_document_count(*args, **kwargs)
-
-    async def distinct(self, *args: Any, **kwargs: Any) -> Any:
-        self._core.uncached()
-        return await self._raw.distinct(*args, **kwargs)
 
 
 class AsyncCachedDatabase(DatabaseBase):

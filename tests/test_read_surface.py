@@ -1,0 +1,224 @@
+"""Generic find_one, count_documents, estimated_document_count and distinct:
+served from the cache when safe, equal to what PyMongo returns, and
+invalidated by writes to the collection."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from bson.binary import Binary, UuidRepresentation
+from bson.codec_options import CodecOptions
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.son import SON
+
+from client_query_cache import CacheManager
+from support import async_ready_collection, ready_collection, stream_of, wait_until
+
+DOCS = [
+    {"_id": 1, "kind": "fruit", "name": "apple", "n": 3, "tags": ["red", "sweet"], "at": {"x": 1}},
+    {"_id": 2, "kind": "fruit", "name": "pear", "n": 5, "tags": ["green"], "at": {"x": 2}},
+    {"_id": 3, "kind": "veg", "name": "leek", "n": 1, "tags": [], "at": {"x": 1}},
+    {"_id": 4, "kind": "veg", "name": "kale", "n": 8, "tags": ["green", "bitter"]},
+    {"_id": 5, "kind": "nut", "name": "pecan", "n": 2, "tags": ["sweet"], "at": None},
+]
+
+# (method, args, kwargs): reads that must be cached.
+CACHED_READS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("find_one", ({"kind": "veg"},), {}),
+    ("find_one", ({"kind": "fruit", "n": 5},), {}),
+    ("find_one", ({"n": {"$gt": 2, "$lte": 8}},), {"sort": [("n", -1)]}),
+    ("find_one", ({"kind": "fruit"},), {"sort": [("n", 1)], "skip": 1}),
+    ("find_one", ({"tags": "green"}, {"name": 1, "_id": 0}), {}),
+    ("find_one", ({"tags": {"$elemMatch": {"$eq": "sweet"}}},), {"projection": ["name"]}),
+    ("find_one", ({"$or": [{"name": "kale"}, {"n": {"$lt": 2}}]},), {"sort": {"name": 1}}),
+    ("find_one", ({"$expr": {"$gt": ["$n", {"$add": [1, 6]}]}},), {}),
+    ("find_one", ({"at.x": 2},), {}),
+    ("find_one", ({"name": {"$regex": "^pe"}},), {"sort": [("name", -1)]}),
+    ("find_one", ({"kind": "mineral"},), {}),  # not found is cached too
+    ("find_one", (), {}),
+    ("find_one", ({"_id": {"$in": [4, 5]}},), {"sort": [("_id", -1)]}),
+    ("count_documents", ({},), {}),
+    ("count_documents", ({"kind": "fruit"},), {}),
+    ("count_documents", ({"n": {"$gte": 2}},), {"skip": 1, "limit": 2}),
+    ("count_documents", ({"tags": {"$size": 0}},), {}),
+    ("estimated_document_count", (), {}),
+    ("distinct", ("kind",), {}),
+    ("distinct", ("tags", {"n": {"$gt": 1}}), {}),
+    ("distinct", ("at",), {"filter": {"kind": {"$ne": "nut"}}}),
+]
+
+
+def _snap(manager: CacheManager) -> tuple[int, int, int]:
+    s = manager.snapshot()
+    return s.hits, s.misses, sum(s.bypasses.values())
+
+
+@pytest.fixture
+def items(manager, client, db_name):
+    client[db_name].items.insert_many(DOCS)
+    return ready_collection(manager, db_name, "items"), client[db_name].items
+
+
+@pytest.mark.parametrize(("method", "args", "kwargs"), CACHED_READS, ids=lambda v: repr(v)[:40])
+def test_a_cached_read_returns_what_pymongo_returns_and_hits_the_second_time(
+    manager, items, method, args, kwargs
+):
+    cached, raw = items
+    expected = getattr(raw, method)(*args, **kwargs)
+
+    h0, m0, b0 = _snap(manager)
+    first = getattr(cached, method)(*args, **kwargs)
+    h1, m1, b1 = _snap(manager)
+    second = getattr(cached, method)(*args, **kwargs)
+    h2, m2, b2 = _snap(manager)
+
+    assert first == expected and second == expected
+    assert type(first) is type(expected) and type(second) is type(expected)
+    assert (h1 - h0, m1 - m0, b1 - b0) == (0, 1, 0)  # a miss, admitted
+    assert (h2 - h1, m2 - m1, b2 - b1) == (1, 0, 0)  # then a hit
+    if isinstance(second, dict):
+        assert second is not first  # a fresh object per hit
+
+
+def test_permutations_of_a_flat_equality_filter_share_one_entry(manager, items):
+    cached, _ = items
+    assert cached.find_one({"kind": "fruit", "n": 5})["name"] == "pear"
+    hits = manager.snapshot().hits
+    assert cached.find_one({"n": 5, "kind": "fruit"})["name"] == "pear"
+    assert cached.count_documents({"n": 5, "kind": "fruit"}) == 1
+    assert cached.count_documents({"kind": "fruit", "n": 5}) == 1
+    assert manager.snapshot().hits == hits + 2
+
+
+def test_reads_that_differ_in_any_keyed_part_do_not_share_an_entry(manager, items):
+    cached, raw = items
+    reads: list[Callable[[Any], Any]] = [
+        lambda c: c.find_one({"kind": "fruit"}),
+        lambda c: c.find_one({"kind": "fruit"}, {"name": 1}),
+        lambda c: c.find_one({"kind": "fruit"}, sort=[("n", -1)]),
+        lambda c: c.find_one({"kind": "fruit"}, sort=[("n", -1)], skip=1),
+        lambda c: c.find_one({"kind": "veg"}),
+        lambda c: c.find_one({"kind": {"$eq": "fruit"}}),
+        lambda c: c.count_documents({"kind": "fruit"}),
+        lambda c: c.count_documents({"kind": "fruit"}, limit=1),
+        lambda c: c.distinct("name", {"kind": "fruit"}),
+        lambda c: c.distinct("n", {"kind": "fruit"}),
+        lambda c: (other if c is cached else raw.database.other).count_documents({"kind": "fruit"}),
+    ]
+    raw.database.other.insert_one({"kind": "fruit"})
+    other = manager[raw.database.name]["other"]
+    hits = manager.snapshot().hits
+    for read in reads:
+        assert read(cached) == read(raw)
+    assert manager.snapshot().hits == hits  # every one was a miss
+
+
+def test_a_write_to_any_document_invalidates_non_identity_entries_only(
+    manager, items, other_client, db_name
+):
+    cached, _ = items
+    assert cached.count_documents({"kind": "fruit"}) == 2
+    assert cached.find_one({"kind": "nut"})["name"] == "pecan"
+    assert sorted(cached.distinct("kind")) == ["fruit", "nut", "veg"]
+    assert cached.find_one({"_id": 3})["name"] == "leek"
+    assert cached.count_documents({"_id": 3}) == 1  # identity filter: depends on _id 3 only
+
+    events = stream_of(manager, db_name).events
+    other_client[db_name].items.insert_one({"_id": 6, "kind": "fruit", "name": "fig", "n": 4})
+    wait_until(lambda: stream_of(manager, db_name).events > events, what="the insert reaches the cache")
+
+    hits = manager.snapshot().hits
+    assert cached.find_one({"_id": 3})["name"] == "leek"
+    assert cached.count_documents({"_id": 3}) == 1
+    assert manager.snapshot().hits == hits + 2  # identity entries survive
+
+    misses = manager.snapshot().misses
+    assert cached.count_documents({"kind": "fruit"}) == 3
+    assert cached.find_one({"kind": "nut"})["name"] == "pecan"
+    assert sorted(cached.distinct("kind")) == ["fruit", "nut", "veg"]
+    assert cached.estimated_document_count() == 6
+    assert manager.snapshot().misses == misses + 4
+
+
+def test_a_cached_not_found_is_invalidated_by_an_insert_that_matches(manager, items, other_client, db_name):
+    cached, _ = items
+    assert cached.find_one({"kind": "mineral"}) is None
+    hits = manager.snapshot().hits
+    assert cached.find_one({"kind": "mineral"}) is None
+    assert manager.snapshot().hits == hits + 1
+
+    other_client[db_name].items.insert_one({"_id": 7, "kind": "mineral", "name": "salt"})
+    wait_until(
+        lambda: (cached.find_one({"kind": "mineral"}) or {}).get("name") == "salt",
+        what="the insert reaches the cache",
+    )
+
+
+def test_count_and_distinct_change_after_update_and_delete(manager, items, other_client, db_name):
+    cached, raw = items
+    assert sorted(cached.distinct("name", {"kind": "veg"})) == ["kale", "leek"]
+    assert cached.count_documents({"n": {"$gt": 2}}) == 3
+
+    other_client[db_name].items.update_one({"_id": 3}, {"$set": {"n": 9, "name": "onion"}})
+    other_client[db_name].items.delete_one({"_id": 4})
+
+    wait_until(lambda: cached.distinct("name", {"kind": "veg"}) == ["onion"], what="the writes reach the cache")
+    wait_until(lambda: cached.count_documents({"n": {"$gt": 2}}) == 3, what="the writes reach the cache")
+    assert cached.count_documents({"n": {"$gt": 2}}) == raw.count_documents({"n": {"$gt": 2}})
+
+
+def test_distinct_values_decode_with_the_readers_codec_options(manager, client, db_name):
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, 6000)
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    values = [
+        1, Int64(2), 2.5, "s", when, ObjectId("0123456789ab0123456789ab"), {"b": 1, "a": 2},
+        [1, [2]], None, True, Binary(b"\x00\x01"), Binary(u.bytes, 4),
+    ]  # fmt: skip
+    client[db_name].mixed.insert_many([{"_id": i, "v": v} for i, v in enumerate(values)])
+    for codec in (
+        CodecOptions(),
+        CodecOptions(tz_aware=True, uuid_representation=UuidRepresentation.STANDARD),
+        CodecOptions(document_class=SON),
+    ):
+        cached = ready_collection(manager, db_name, "mixed", codec_options=codec)
+        raw = client[db_name].get_collection("mixed", codec_options=codec)
+        expected = raw.distinct("v")
+        miss = cached.distinct("v")
+        hit = cached.distinct("v")
+        assert miss == expected and hit == expected
+        assert [type(x) for x in hit] == [type(x) for x in expected]
+
+
+def test_a_result_larger_than_max_entry_bytes_is_returned_and_not_cached(make_manager, client, db_name):
+    # max_entry_bytes applies to every kind of entry: a distinct result
+    # larger than it is returned and not cached, counted as oversize.
+    manager = make_manager(max_entry_bytes=4096)
+    client[db_name].big.insert_many([{"_id": i, "v": f"value-{i:06d}"} for i in range(500)])
+    cached = ready_collection(manager, db_name, "big")
+    expected = client[db_name].big.distinct("v")
+    assert cached.distinct("v") == expected
+    assert cached.distinct("v") == expected
+    snap = manager.snapshot()
+    assert snap.rejected_admissions.get("oversize", 0) == 2
+    assert snap.hits == 0
+    assert cached.count_documents({}) == 500
+    assert cached.count_documents({}) == 500
+    assert manager.snapshot().hits == 1
+
+
+async def test_the_async_facade_serves_the_same_reads_from_the_cache(async_manager, client, db_name):
+    client[db_name].items.insert_many(DOCS)
+    cached = await async_ready_collection(async_manager, db_name, "items")
+    raw = client[db_name].items
+    for method, args, kwargs in CACHED_READS:
+        expected = getattr(raw, method)(*args, **kwargs)
+        before = async_manager.snapshot()
+        assert await getattr(cached, method)(*args, **kwargs) == expected
+        assert await getattr(cached, method)(*args, **kwargs) == expected
+        after = async_manager.snapshot()
+        assert (after.misses - before.misses, after.hits - before.hits) == (1, 1), (method, args, kwargs)
