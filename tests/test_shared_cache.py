@@ -439,6 +439,39 @@ def test_a_write_invalidates_the_document_in_every_worker(group, client, other_c
         assert w.snapshot()["hits"] == before + 1
 
 
+def test_counts_distinct_and_generic_find_one_are_shared_and_invalidated(
+    group, client, other_client, db_name
+):
+    seed(client, db_name, "items", [{"_id": i, "kind": "ab"[i % 2], "n": i} for i in range(6)])
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = manager[db_name]["items"]
+    assert manager.wait_ready(DEADLINE_S, database=db_name)
+    reads = [
+        (lambda: coll.count_documents({"kind": "a"}), 3),
+        (lambda: sorted(coll.distinct("n", {"kind": "b"})), [1, 3, 5]),
+        (lambda: coll.find_one({"n": {"$gte": 4}}, sort=[("n", -1)]), {"_id": 5, "kind": "b", "n": 5}),
+        (lambda: coll.estimated_document_count(), 6),
+    ]
+    for read, expected in reads:
+        assert read() == expected
+    wait_until(lambda: owner.snapshot()["entries"] == len(reads), what="the owner applied the admissions")
+    hits = manager.snapshot().hits
+    for read, expected in reads:
+        assert read() == expected
+    assert manager.snapshot().hits == hits + len(reads)
+
+    events = owner_stream(owner, db_name)["events"]
+    other_client[db_name].items.insert_one({"_id": 6, "kind": "a", "n": 6})
+    wait_events(owner, db_name, events + 1)
+    misses = manager.snapshot().misses
+    assert coll.count_documents({"kind": "a"}) == 4
+    assert sorted(coll.distinct("n", {"kind": "b"})) == [1, 3, 5]
+    assert coll.find_one({"n": {"$gte": 4}}, sort=[("n", -1)]) == {"_id": 6, "kind": "a", "n": 6}
+    assert coll.estimated_document_count() == 7
+    assert manager.snapshot().misses == misses + len(reads)
+
+
 def test_group_and_worker_snapshots(group, client, db_name):
     seed(client, db_name, "a", [{"_id": 1, "v": 1}])
     seed(client, db_name, "b", [{"_id": 1, "v": 1}])
