@@ -19,6 +19,7 @@ import pymongo
 from client_query_cache import (
     AsyncCacheManager,
     AsyncCachedCollection,
+    BypassReason,
     CachedCollection,
     CacheManager,
     StreamSnapshot,
@@ -148,3 +149,45 @@ def connections_named(client: pymongo.MongoClient, app_name: str) -> int:
         if op.get("appName") == app_name
         or (op.get("clientMetadata") or {}).get("application", {}).get("name") == app_name
     )
+
+
+#: Reads that bypass because of their own arguments, shared by the sync and
+#: async bypass tests: (reason, variant, method, args, kwargs). find and
+#: aggregate results are compared as lists.
+ARGUMENT_BYPASSES: list[tuple[BypassReason, str, str, tuple[Any, ...], dict[str, Any]]] = [
+    (BypassReason.UNSUPPORTED_OPTION, "hint", "find_one", ({"v": "one"},), {"hint": [("_id", 1)]}),
+    (BypassReason.UNSUPPORTED_OPTION, "collation", "find_one", ({"v": "ONE"},), {"collation": {"locale": "en", "strength": 2}}),
+    (BypassReason.UNSUPPORTED_OPTION, "two_positional", "find_one", ({"_id": 1}, None, 0), {}),
+    (BypassReason.UNSUPPORTED_OPTION, "count_hint", "count_documents", ({},), {"hint": "_id_"}),
+    (BypassReason.UNSUPPORTED_OPTION, "distinct_collation", "distinct", ("v",), {"collation": {"locale": "en"}}),
+    (BypassReason.UNSUPPORTED_OPTION, "estimated_extra", "estimated_document_count", (), {"query": {"v": "one"}}),
+    (BypassReason.UNSUPPORTED_OPTION, "find_hint", "find", ({"v": "one"},), {"hint": [("_id", 1)]}),
+    (BypassReason.UNSUPPORTED_OPTION, "find_negative_limit", "find", ({},), {"limit": -1}),
+    (BypassReason.UNKNOWN_OPTION, "bogus_keyword", "find_one", ({"_id": 1},), {"bogus": 1}),
+    (BypassReason.NONDETERMINISTIC, "meta_projection", "find_one", ({"_id": 1}, {"score": {"$meta": "textScore"}}), {}),
+    (BypassReason.NONDETERMINISTIC, "where", "find_one", ({"$where": "this.v == 'one'"},), {}),
+    (BypassReason.NONDETERMINISTIC, "now", "count_documents", ({"$expr": {"$lt": ["$ts", "$$NOW"]}},), {}),
+    (BypassReason.NONDETERMINISTIC, "rand", "distinct", ("v", {"$expr": {"$lt": [{"$rand": {}}, 2]}}), {}),
+    (BypassReason.NONDETERMINISTIC, "find_text", "find", ({"$text": {"$search": "one"}},), {}),
+    (
+        BypassReason.NONDETERMINISTIC,
+        "sample",
+        "aggregate",
+        ([{"$sample": {"size": 1}}, {"$project": {"_id": 0, "x": {"$literal": 1}}}],),
+        {},
+    ),
+    (BypassReason.UNKNOWN_OPERATOR, "near", "find_one", ({"loc": {"$near": [0, 0]}},), {}),
+    (BypassReason.UNKNOWN_OPERATOR, "json_schema", "count_documents", ({"$jsonSchema": {"required": ["v"]}},), {}),
+    (BypassReason.UNKNOWN_OPERATOR, "unknown_stage", "aggregate", ([{"$documents": [{"x": 1}]}],), {}),
+    (
+        BypassReason.OTHER_COLLECTION,
+        "lookup",
+        "aggregate",
+        ([{"$match": {"_id": 1}}, {"$lookup": {"from": "other", "localField": "v", "foreignField": "v", "as": "o"}}],),
+        {},
+    ),
+    (BypassReason.WRITE_STAGE, "out", "aggregate", ([{"$match": {"_id": 1}}, {"$out": "copy"}],), {}),
+    (BypassReason.UNENCODABLE, "int_over_64_bits", "find_one", ({"_id": 2**70},), {}),
+    (BypassReason.UNENCODABLE, "projection_not_a_mapping", "find_one", ({"_id": 1}, 5), {}),
+    (BypassReason.UNENCODABLE, "distinct_key_not_a_string", "distinct", (5,), {}),
+]

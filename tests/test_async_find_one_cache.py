@@ -1,8 +1,8 @@
 """find_one by _id through AsyncCacheManager: the async twins of
 test_find_one_cache.py (hits, keys, invalidation, admission, memory bounds,
 every bypass reason), plus what only the async facade promises: a hit
-completes without suspending the event loop, and ``find`` returns PyMongo's
-AsyncCursor.
+completes without suspending the event loop, and ``find`` returns an async
+cursor (``async for``, ``to_list``).
 
 Documents are seeded and "another application" writes with the sync clients
 (``client``, ``other_client``); reads go through an ``AsyncMongoClient``.
@@ -24,12 +24,12 @@ from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
-from pymongo.asynchronous.cursor import AsyncCursor
 from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
-from client_query_cache import AsyncCacheManager, AsyncCachedCollection, BypassReason
+from client_query_cache import AsyncCacheManager, AsyncCachedCollection, AsyncCachedCursor, BypassReason
 from support import (
+    ARGUMENT_BYPASSES,
     async_outcome,
     async_ready_collection,
     async_wait_until,
@@ -292,7 +292,7 @@ async def test_a_hit_completes_on_the_first_step_and_a_miss_suspends(
     assert async_manager.snapshot().hits == admitted.hits + 1
 
 
-# -- find returns PyMongo's async cursor ------------------------------------------
+# -- find returns an async cursor ------------------------------------------------
 
 
 async def test_find_returns_an_async_cursor_usable_with_async_for_and_to_list(
@@ -301,20 +301,24 @@ async def test_find_returns_an_async_cursor_usable_with_async_for_and_to_list(
     docs = [{"_id": i, "v": i * 10} for i in range(5)]
     client[db_name].items.insert_many(docs)
     coll = await async_ready_collection(async_manager, db_name, "items")
-    before = async_manager.snapshot()
 
-    cursor = coll.find({"_id": {"$gte": 1}}, sort=[("_id", 1)])
-    assert isinstance(cursor, AsyncCursor)
-    iterated = [doc async for doc in cursor]
-    listed = await coll.find({}, {"v": 1}).sort("_id", -1).to_list()
-    limited = await coll.find({}).sort("_id", 1).limit(2).to_list(None)
+    for attempt in ("miss", "hit"):
+        before = async_manager.snapshot()
+        cursor = coll.find({"_id": {"$gte": 1}}, sort=[("_id", 1)])
+        assert isinstance(cursor, AsyncCachedCursor)
+        iterated = [doc async for doc in cursor]
+        listed = await coll.find({}, {"v": 1}).sort("_id", -1).to_list()
+        limited = await coll.find({}).sort("_id", 1).limit(2).to_list(None)
 
-    assert iterated == docs[1:]
-    assert listed == docs[::-1]
-    assert limited == docs[:2]
-    after = async_manager.snapshot()
-    assert bypass_delta(dict(before.bypasses), dict(after.bypasses)) == {"uncached_method": 3}
-    assert after.hits == before.hits and after.misses == before.misses
+        assert iterated == docs[1:]
+        assert listed == docs[::-1]
+        assert limited == docs[:2]
+        after = async_manager.snapshot()
+        assert after.bypasses == before.bypasses
+        if attempt == "miss":
+            assert (after.misses - before.misses, after.hits - before.hits) == (3, 0)
+        else:
+            assert (after.misses - before.misses, after.hits - before.hits) == (0, 3)
 
 
 # -- namespace events -----------------------------------------------------------
@@ -550,23 +554,17 @@ def _find_one(*args: Any, **kwargs: Any) -> Build:
     return _read("find_one", *args, **kwargs)
 
 
-async def _to_list_or_value(result: Any) -> Any:
-    if isinstance(result, (int, list)):
-        return result
-    if hasattr(result, "to_list"):
-        return await result.to_list(None)
-    raise AssertionError(f"unexpected result {result!r}")
+def _cursor(method: str, *args: Any, **kwargs: Any) -> Build:
+    """The case "(await method(*args, **kwargs)).to_list()" (find or aggregate)."""
 
-
-def _uncached(method: str, *args: Any) -> Build:
     async def build(ctx: Ctx) -> Any:
         cached, raw = await ctx.cached(), ctx.raw()
 
         async def call(coll: Any) -> Any:
-            result = getattr(coll, method)(*args)
+            result = getattr(coll, method)(*args, **kwargs)
             if method != "find":
-                result = await result  # aggregate etc. are coroutines; find is not
-            return await _to_list_or_value(result)
+                result = await result  # aggregate is a coroutine; find is not
+            return await result.to_list()
 
         return ctx.manager, lambda: call(cached), lambda: call(raw)
 
@@ -638,28 +636,9 @@ CASES = [
         _find_one({"_id": 1}, options={"read_concern": ReadConcern("local")}),
     ),
     Case(BypassReason.SESSION, "explicit", _session),
-    Case(BypassReason.UNSUPPORTED_OPTION, "hint", _find_one({"v": "one"}, hint=[("_id", 1)])),
-    Case(BypassReason.UNSUPPORTED_OPTION, "collation", _find_one({"v": "ONE"}, collation={"locale": "en", "strength": 2})),
-    Case(BypassReason.UNSUPPORTED_OPTION, "two_positional", _find_one({"_id": 1}, None, 0)),
-    Case(BypassReason.UNSUPPORTED_OPTION, "count_hint", _read("count_documents", {}, hint="_id_")),
-    Case(BypassReason.UNSUPPORTED_OPTION, "distinct_collation", _read("distinct", "v", collation={"locale": "en"})),
-    Case(BypassReason.UNSUPPORTED_OPTION, "estimated_extra", _read("estimated_document_count", query={"v": "one"})),
-    Case(BypassReason.UNKNOWN_OPTION, "bogus_keyword", _find_one({"_id": 1}, bogus=1)),
-    Case(
-        BypassReason.NONDETERMINISTIC,
-        "meta_projection",
-        _find_one({"_id": 1}, {"score": {"$meta": "textScore"}}),
-    ),
-    Case(BypassReason.NONDETERMINISTIC, "where", _find_one({"$where": "this.v == 'one'"})),
-    Case(BypassReason.NONDETERMINISTIC, "now", _read("count_documents", {"$expr": {"$lt": ["$ts", "$$NOW"]}})),
-    Case(BypassReason.NONDETERMINISTIC, "rand", _read("distinct", "v", {"$expr": {"$lt": [{"$rand": {}}, 2]}})),
-    Case(BypassReason.UNKNOWN_OPERATOR, "near", _find_one({"loc": {"$near": [0, 0]}})),
-    Case(BypassReason.UNKNOWN_OPERATOR, "json_schema", _read("count_documents", {"$jsonSchema": {"required": ["v"]}})),
-    Case(BypassReason.UNENCODABLE, "int_over_64_bits", _find_one({"_id": 2**70})),
-    Case(BypassReason.UNENCODABLE, "projection_not_a_mapping", _find_one({"_id": 1}, 5)),
-    Case(BypassReason.UNENCODABLE, "distinct_key_not_a_string", _read("distinct", 5)),
-    Case(BypassReason.UNCACHED_METHOD, "find", _uncached("find", {"_id": 1})),
-    Case(BypassReason.UNCACHED_METHOD, "aggregate", _uncached("aggregate", [{"$match": {"_id": 1}}])),
+] + [
+    Case(reason, variant, (_cursor if method in ("find", "aggregate") else _read)(method, *args, **kwargs))
+    for reason, variant, method, args, kwargs in ARGUMENT_BYPASSES
 ]
 
 

@@ -21,7 +21,7 @@ from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
 from client_query_cache import BypassReason, CachedCollection, CacheManager
-from support import bypass_delta, outcome, ready_collection, stream_of, wait_until
+from support import ARGUMENT_BYPASSES, bypass_delta, outcome, ready_collection, stream_of, wait_until
 
 
 def _by_id(coll: Any, _id: Any) -> Any:
@@ -529,13 +529,14 @@ def _find_one(*args: Any, **kwargs: Any) -> Build:
     return _read("find_one", *args, **kwargs)
 
 
-def _uncached(method: str, *args: Any) -> Build:
+def _cursor(method: str, *args: Any, **kwargs: Any) -> Build:
+    """The case "list(method(*args, **kwargs))" (find or aggregate)."""
+
     def build(ctx: Ctx) -> Any:
         cached, raw = ctx.cached(), ctx.raw()
 
         def call(coll: Any) -> Any:
-            result = getattr(coll, method)(*args)
-            return result if isinstance(result, (int, list)) else list(result)
+            return list(getattr(coll, method)(*args, **kwargs))
 
         return ctx.manager, lambda: call(cached), lambda: call(raw)
 
@@ -608,28 +609,9 @@ CASES = [
         _find_one({"_id": 1}, options={"read_concern": ReadConcern("local")}),
     ),
     Case(BypassReason.SESSION, "explicit", _session),
-    Case(BypassReason.UNSUPPORTED_OPTION, "hint", _find_one({"v": "one"}, hint=[("_id", 1)])),
-    Case(BypassReason.UNSUPPORTED_OPTION, "collation", _find_one({"v": "ONE"}, collation={"locale": "en", "strength": 2})),
-    Case(BypassReason.UNSUPPORTED_OPTION, "two_positional", _find_one({"_id": 1}, None, 0)),
-    Case(BypassReason.UNSUPPORTED_OPTION, "count_hint", _read("count_documents", {}, hint="_id_")),
-    Case(BypassReason.UNSUPPORTED_OPTION, "distinct_collation", _read("distinct", "v", collation={"locale": "en"})),
-    Case(BypassReason.UNSUPPORTED_OPTION, "estimated_extra", _read("estimated_document_count", query={"v": "one"})),
-    Case(BypassReason.UNKNOWN_OPTION, "bogus_keyword", _find_one({"_id": 1}, bogus=1)),
-    Case(
-        BypassReason.NONDETERMINISTIC,
-        "meta_projection",
-        _find_one({"_id": 1}, {"score": {"$meta": "textScore"}}),
-    ),
-    Case(BypassReason.NONDETERMINISTIC, "where", _find_one({"$where": "this.v == 'one'"})),
-    Case(BypassReason.NONDETERMINISTIC, "now", _read("count_documents", {"$expr": {"$lt": ["$ts", "$$NOW"]}})),
-    Case(BypassReason.NONDETERMINISTIC, "rand", _read("distinct", "v", {"$expr": {"$lt": [{"$rand": {}}, 2]}})),
-    Case(BypassReason.UNKNOWN_OPERATOR, "near", _find_one({"loc": {"$near": [0, 0]}})),
-    Case(BypassReason.UNKNOWN_OPERATOR, "json_schema", _read("count_documents", {"$jsonSchema": {"required": ["v"]}})),
-    Case(BypassReason.UNENCODABLE, "int_over_64_bits", _find_one({"_id": 2**70})),
-    Case(BypassReason.UNENCODABLE, "projection_not_a_mapping", _find_one({"_id": 1}, 5)),
-    Case(BypassReason.UNENCODABLE, "distinct_key_not_a_string", _read("distinct", 5)),
-    Case(BypassReason.UNCACHED_METHOD, "find", _uncached("find", {"_id": 1})),
-    Case(BypassReason.UNCACHED_METHOD, "aggregate", _uncached("aggregate", [{"$match": {"_id": 1}}])),
+] + [
+    Case(reason, variant, (_cursor if method in ("find", "aggregate") else _read)(method, *args, **kwargs))
+    for reason, variant, method, args, kwargs in ARGUMENT_BYPASSES
 ]
 
 

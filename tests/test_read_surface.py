@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pymongo
 import pytest
 from bson.binary import Binary, UuidRepresentation
 from bson.codec_options import CodecOptions
@@ -222,3 +223,149 @@ async def test_the_async_facade_serves_the_same_reads_from_the_cache(async_manag
         assert await getattr(cached, method)(*args, **kwargs) == expected
         after = async_manager.snapshot()
         assert (after.misses - before.misses, after.hits - before.hits) == (1, 1), (method, args, kwargs)
+
+
+# -- find and aggregate ----------------------------------------------------------
+
+CURSOR_READS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("find", (), {}),
+    ("find", ({"kind": "fruit"},), {"sort": [("n", -1)]}),
+    ("find", ({"n": {"$gte": 2}}, {"name": 1}), {"sort": [("n", 1)], "skip": 1, "limit": 2}),
+    ("find", ({"kind": "mineral"},), {}),
+    ("find", ({"tags": "green"},), {"projection": {"_id": 0, "tags": {"$slice": 1}}}),
+    ("aggregate", ([{"$match": {"n": {"$gt": 1}}}, {"$sort": {"n": 1}}, {"$project": {"name": 1}}],), {}),
+    ("aggregate", ([{"$group": {"_id": "$kind", "total": {"$sum": "$n"}, "names": {"$push": "$name"}}}, {"$sort": {"_id": 1}}],), {}),
+    ("aggregate", ([{"$unwind": "$tags"}, {"$sortByCount": "$tags"}, {"$sort": {"count": -1, "_id": 1}}],), {}),
+    ("aggregate", ([{"$facet": {"n": [{"$count": "n"}], "top": [{"$sort": {"n": -1}}, {"$limit": 1}]}}],), {}),
+]
+
+
+@pytest.mark.parametrize(("method", "args", "kwargs"), CURSOR_READS, ids=lambda v: repr(v)[:40])
+def test_a_cursor_read_returns_what_pymongo_returns_and_hits_the_second_time(
+    manager, items, method, args, kwargs
+):
+    cached, raw = items
+    expected = list(getattr(raw, method)(*args, **kwargs))
+
+    h0, m0, b0 = _snap(manager)
+    first = list(getattr(cached, method)(*args, **kwargs))
+    h1, m1, b1 = _snap(manager)
+    second = getattr(cached, method)(*args, **kwargs).to_list()
+    h2, m2, b2 = _snap(manager)
+
+    assert first == expected and second == expected
+    assert (h1 - h0, m1 - m0, b1 - b0) == (0, 1, 0)
+    assert (h2 - h1, m2 - m1, b2 - b1) == (1, 0, 0)
+
+
+def test_a_limited_find_is_served_from_the_prefix_of_a_complete_result(manager, items):
+    cached, raw = items
+    everything = list(cached.find({}, sort=[("n", 1)]))  # miss: admitted without a limit
+    hits = manager.snapshot().hits
+    assert list(cached.find({}, sort=[("n", 1)], limit=2)) == everything[:2]
+    assert list(cached.find({}, sort=[("n", 1)]).limit(3)) == everything[:3]
+    assert manager.snapshot().hits == hits + 2
+
+    # A limit larger than the number of matches returned them all: that
+    # result is admitted without its limit, and serves every limit.
+    assert list(cached.find({"kind": "veg"}, sort=[("n", 1)], limit=10)) == list(
+        raw.find({"kind": "veg"}, sort=[("n", 1)])
+    )
+    snap = manager.snapshot()
+    assert len(list(cached.find({"kind": "veg"}, sort=[("n", 1)]))) == 2
+    assert len(list(cached.find({"kind": "veg"}, sort=[("n", 1)], limit=1))) == 1
+    after = manager.snapshot()
+    assert (after.hits - snap.hits, after.misses - snap.misses) == (2, 0)
+
+    # A limit that cut the result is keyed with that limit only.
+    assert len(list(cached.find({"kind": "fruit"}, limit=1))) == 1
+    snap = manager.snapshot()
+    assert len(list(cached.find({"kind": "fruit"}))) == 2
+    assert manager.snapshot().misses == snap.misses + 1
+
+
+def test_a_cursor_not_read_to_the_end_admits_nothing(manager, items):
+    cached, raw = items
+    expected = list(raw.find({}, sort=[("_id", 1)]))
+    before = manager.snapshot()
+    cursor = cached.find({}, sort=[("_id", 1)], batch_size=2)
+    assert next(cursor) == expected[0]
+    cursor.close()
+    with cached.find({}, sort=[("_id", 1)]) as early:
+        assert early.to_list(2) == expected[:2]
+    del early
+    after = manager.snapshot()
+    assert (after.misses - before.misses, after.admissions - before.admissions) == (2, 0)
+
+    # Read to its end (batch_size does not change the key), it is admitted.
+    assert list(cached.find({}, sort=[("_id", 1)], batch_size=2)) == expected
+    assert manager.snapshot().admissions == after.admissions + 1
+    assert cached.find({}, sort=[("_id", 1)]).to_list() == expected
+    assert manager.snapshot().hits == after.hits + 1
+
+
+def test_a_write_invalidates_cached_find_and_aggregate_results(manager, items, other_client, db_name):
+    cached, raw = items
+    pipeline = [{"$group": {"_id": None, "total": {"$sum": "$n"}}}]
+    assert list(cached.aggregate(pipeline)) == [{"_id": None, "total": 19}]
+    assert [d["_id"] for d in cached.find({"kind": "veg"})] == [3, 4]
+    events = stream_of(manager, db_name).events
+    other_client[db_name].items.update_one({"_id": 4}, {"$set": {"kind": "fruit", "n": 10}})
+    wait_until(lambda: stream_of(manager, db_name).events > events, what="the update reaches the cache")
+    assert list(cached.aggregate(pipeline)) == [{"_id": None, "total": 21}]
+    assert [d["_id"] for d in cached.find({"kind": "veg"})] == [3]
+    assert list(cached.aggregate(pipeline)) == list(raw.aggregate(pipeline))
+
+
+def test_a_cursor_option_the_cache_does_not_model_hands_the_read_to_pymongo(manager, items):
+    cached, raw = items
+    before = manager.snapshot()
+    got = list(cached.find({"kind": "fruit"}).hint([("_id", 1)]))
+    assert got == list(raw.find({"kind": "fruit"}).hint([("_id", 1)]))
+    after = manager.snapshot()
+    assert dict(after.bypasses) == {**before.bypasses, "unsupported_option": before.bypasses.get("unsupported_option", 0) + 1}
+    started = cached.find({})
+    next(started)
+    with pytest.raises(pymongo.errors.InvalidOperation):
+        started.limit(1)
+
+
+def test_a_find_result_larger_than_max_entry_bytes_is_returned_and_not_cached(make_manager, client, db_name):
+    manager = make_manager(max_entry_bytes=4096)
+    client[db_name].big.insert_many([{"_id": i, "pad": "x" * 100} for i in range(100)])
+    cached = ready_collection(manager, db_name, "big")
+    expected = list(client[db_name].big.find({}, sort=[("_id", 1)]))
+    assert list(cached.find({}, sort=[("_id", 1)])) == expected
+    assert list(cached.find({}, sort=[("_id", 1)])) == expected
+    snap = manager.snapshot()
+    assert snap.rejected_admissions.get("oversize", 0) == 2 and snap.hits == 0
+
+
+async def test_async_find_and_aggregate_are_cached_and_a_hit_never_suspends(async_manager, client, db_name):
+    import asyncio
+
+    client[db_name].items.insert_many(DOCS)
+    cached = await async_ready_collection(async_manager, db_name, "items")
+    raw = client[db_name].items
+    for method, args, kwargs in CURSOR_READS:
+        expected = list(getattr(raw, method)(*args, **kwargs))
+        before = async_manager.snapshot()
+        for _ in range(2):
+            cursor = getattr(cached, method)(*args, **kwargs)
+            if method == "aggregate":
+                cursor = await cursor
+            assert await cursor.to_list() == expected
+        after = async_manager.snapshot()
+        assert (after.misses - before.misses, after.hits - before.hits) == (1, 1), (method, args)
+
+    # A hit's documents come without a suspension: the coroutine finishes
+    # on its first step.
+    async def read_all() -> list[Any]:
+        return [d async for d in cached.find({"kind": "fruit"}, sort=[("n", -1)])]
+
+    expected = await read_all()  # miss, admitted
+    coro = read_all()
+    with pytest.raises(StopIteration) as done:
+        coro.send(None)
+    assert done.value.value == expected
+    await asyncio.sleep(0)

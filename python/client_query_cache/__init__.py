@@ -29,9 +29,11 @@ _EXPORTS = {
     "AsyncCacheManager": ".asynchronous",
     "AsyncCachedCollection": ".asynchronous",
     "AsyncCachedDatabase": ".asynchronous",
+    "AsyncCachedCursor": ".asynchronous",
     "CacheManager": ".synchronous",
     "CachedCollection": ".synchronous",
     "CachedDatabase": ".synchronous",
+    "CachedCursor": ".synchronous",
 }
 
 if TYPE_CHECKING:
@@ -41,8 +43,8 @@ if TYPE_CHECKING:
     from ._core.reasons import BypassReason, RejectReason, StreamState
     from ._core.shared import SharedCacheError
     from ._core.snapshot import CacheSnapshot, StreamSnapshot
-    from .asynchronous import AsyncCacheManager, AsyncCachedCollection, AsyncCachedDatabase
-    from .synchronous import CachedCollection, CachedDatabase, CacheManager
+    from .asynchronous import AsyncCacheManager, AsyncCachedCollection, AsyncCachedCursor, AsyncCachedDatabase
+    from .synchronous import CachedCollection, CachedCursor, CachedDatabase, CacheManager
 
 __version__ = "0.1.0"
 
@@ -50,9 +52,11 @@ __all__ = [
     "CacheManager",
     "CachedDatabase",
     "CachedCollection",
+    "CachedCursor",
     "AsyncCacheManager",
     "AsyncCachedDatabase",
     "AsyncCachedCollection",
+    "AsyncCachedCursor",
     "CacheConfig",
     "CacheSnapshot",
     "StreamSnapshot",

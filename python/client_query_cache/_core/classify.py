@@ -41,11 +41,15 @@ __all__ = [
     "classify_count_documents",
     "classify_estimated_document_count",
     "classify_distinct",
+    "classify_find",
+    "classify_aggregate",
     "collection_bypass",
     "KIND_FIND_ONE",
     "KIND_COUNT_DOCUMENTS",
     "KIND_ESTIMATED_COUNT",
     "KIND_DISTINCT",
+    "KIND_FIND",
+    "KIND_AGGREGATE",
     "FAST_ID_TYPES",
 ]
 
@@ -54,6 +58,8 @@ KIND_FIND_ONE = 1
 KIND_COUNT_DOCUMENTS = 2
 KIND_ESTIMATED_COUNT = 3
 KIND_DISTINCT = 4
+KIND_FIND = 5
+KIND_AGGREGATE = 6
 
 #: _id types the C fast path encodes itself (must match module.c).
 FAST_ID_TYPES = frozenset({int, str, ObjectId})
@@ -90,7 +96,7 @@ class ReadPlan:
     that reads misses (primary, majority, raw BSON).
     """
 
-    __slots__ = ("kind", "filter_bytes", "rest", "method", "args", "kwargs")
+    __slots__ = ("kind", "filter_bytes", "rest", "method", "args", "kwargs", "limit", "unlimited_rest")
 
     def __init__(
         self,
@@ -107,6 +113,17 @@ class ReadPlan:
         self.method = method
         self.args = args
         self.kwargs = kwargs
+        #: ``find`` with a positive limit: the limit, and the key's rest
+        #: without it (the entry of the same read without a limit, whose
+        #: prefix serves this one).
+        self.limit = 0
+        self.unlimited_rest = rest
+
+    def unlimited(self) -> ReadPlan:
+        """The same ``find`` without its limit."""
+        args = self.args
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "limit"}
+        return ReadPlan(self.kind, self.filter_bytes, self.unlimited_rest, self.method, args, kwargs)
 
 
 def collection_bypass(collection: Any) -> BypassReason | None:
@@ -264,6 +281,62 @@ def check_filter(filter: Mapping[Any, Any]) -> BypassReason | None:
     return None
 
 
+# Accumulators of $group, $bucket, $bucketAuto and $setWindowFields besides
+# the expression operators of the same name ($sum, $avg, $min, ...).
+_ACCUMULATORS = frozenset(
+    {"$push", "$addToSet", "$count", "$top", "$bottom", "$topN", "$bottomN", "$median", "$percentile"}
+)
+# Stages whose operand is checked as an expression.
+_EXPRESSION_STAGES = frozenset(
+    {
+        "$project", "$addFields", "$set", "$replaceRoot", "$replaceWith", "$redact", "$group",
+        "$bucket", "$bucketAuto", "$sortByCount", "$unwind", "$sort",
+    }
+)  # fmt: skip
+# Stages with a literal operand.
+_LITERAL_STAGES = frozenset({"$limit", "$skip", "$count", "$unset"})
+_NONDETERMINISTIC_STAGES = frozenset(
+    {
+        "$sample", "$collStats", "$indexStats", "$planCacheStats", "$currentOp", "$listSessions",
+        "$listLocalSessions", "$changeStream", "$search", "$searchMeta", "$vectorSearch",
+    }
+)  # fmt: skip
+_OTHER_COLLECTION_STAGES = frozenset({"$lookup", "$graphLookup", "$unionWith"})
+_WRITE_STAGES = frozenset({"$out", "$merge"})
+
+
+def check_pipeline(pipeline: list[Any]) -> BypassReason | None:
+    """Why an aggregation pipeline is not cacheable (None if it is)."""
+    for stage in pipeline:
+        if not isinstance(stage, Mapping) or len(stage) != 1:
+            return BypassReason.UNKNOWN_OPERATOR  # the server rejects it
+        ((name, spec),) = stage.items()
+        if name == "$match":
+            reason = check_filter(spec) if isinstance(spec, Mapping) else None
+        elif name in _EXPRESSION_STAGES:
+            reason = check_expression(spec, _ACCUMULATORS | _PROJECTION_OPERATORS)
+        elif name in _LITERAL_STAGES:
+            reason = None
+        elif name == "$facet":
+            reason = None
+            if isinstance(spec, Mapping):
+                for sub in spec.values():
+                    reason = check_pipeline(sub) if isinstance(sub, list) else BypassReason.UNKNOWN_OPERATOR
+                    if reason is not None:
+                        break
+        elif name in _NONDETERMINISTIC_STAGES:
+            reason = BypassReason.NONDETERMINISTIC
+        elif name in _OTHER_COLLECTION_STAGES:
+            reason = BypassReason.OTHER_COLLECTION
+        elif name in _WRITE_STAGES:
+            reason = BypassReason.WRITE_STAGE
+        else:
+            reason = BypassReason.UNKNOWN_OPERATOR
+        if reason is not None:
+            return reason
+    return None
+
+
 def _canonical_filter(filter: Mapping[Any, Any]) -> dict[str, Any]:
     """Sort the fields of a flat equality filter (no operators, no embedded
     documents at the top level): their order cannot change the result."""
@@ -328,13 +401,17 @@ def _plan_filter(
 
 
 def _neutral(kwargs: dict[str, Any], neutral: frozenset[str]) -> dict[str, Any] | BypassReason:
-    """Split off ``session`` (bypasses unless None) and check that every
-    other keyword is ``neutral``."""
+    """Split off ``session`` (bypasses unless None), ``collation`` and
+    ``hint`` (bypass unless None), and check that every other keyword is
+    ``neutral``."""
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
         if name == "session":
             if value is not None:
                 return BypassReason.SESSION
+        elif name in ("collation", "hint"):
+            if value is not None:
+                return BypassReason.UNSUPPORTED_OPTION
         elif name in neutral:
             out[name] = value
         else:
@@ -349,6 +426,26 @@ def classify_find_one(
     filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
 ) -> ReadPlan | BypassReason:
     """Decide whether ``find_one(filter, *args, **kwargs)`` can be cached."""
+    if filter is not None and not isinstance(filter, Mapping):
+        filter = {"_id": filter}  # PyMongo's find_one(value) shorthand
+    return _classify_find(KIND_FIND_ONE, filter, args, kwargs, codec_options)
+
+
+def classify_find(
+    args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
+) -> ReadPlan | BypassReason:
+    """Decide whether ``find(*args, **kwargs)`` can be cached."""
+    kwargs = dict(kwargs)
+    if args:
+        if "filter" in kwargs:
+            return BypassReason.UNKNOWN_OPTION  # given twice: PyMongo raises
+        kwargs["filter"] = args[0]
+    return _classify_find(KIND_FIND, kwargs.pop("filter", None), args[1:], kwargs, codec_options)
+
+
+def _classify_find(
+    kind: int, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
+) -> ReadPlan | BypassReason:
     projection = None
     if args:
         if len(args) > 1:
@@ -357,6 +454,7 @@ def classify_find_one(
     read_kwargs: dict[str, Any] = {}
     sort: Any = None
     skip: Any = 0
+    limit: Any = 0
     for name, value in kwargs.items():
         if name == "projection":
             if args:
@@ -369,6 +467,8 @@ def classify_find_one(
             sort = value
         elif name == "skip":
             skip = value
+        elif name == "limit" and kind == KIND_FIND:
+            limit = value
         elif name in _NEUTRAL_OPTIONS:
             read_kwargs[name] = value
         elif name in _RESULT_OPTIONS:
@@ -377,11 +477,7 @@ def classify_find_one(
         else:
             return BypassReason.UNKNOWN_OPTION
 
-    if filter is None:
-        filter = {}
-    elif not isinstance(filter, Mapping):
-        filter = {"_id": filter}  # PyMongo's find_one(value) shorthand
-    planned = _plan_filter(filter, codec_options)
+    planned = _plan_filter({} if filter is None else filter, codec_options)
     if isinstance(planned, BypassReason):
         return planned
     canonical, filter_bytes = planned
@@ -405,12 +501,52 @@ def classify_find_one(
         if normalized_sort:
             rest += b"S" + bson.encode(normalized_sort)
             read_kwargs["sort"] = list(normalized_sort.items())
-    if skip:
-        if type(skip) is not int or not 0 < skip < 2**63:
-            return BypassReason.UNSUPPORTED_OPTION  # PyMongo rejects it itself
-        rest += b"K" + struct.pack("<q", skip)
-        read_kwargs["skip"] = skip
-    return ReadPlan(KIND_FIND_ONE, filter_bytes, rest, "find_one", (canonical, projection), read_kwargs)
+    for tag, name, value in ((b"K", "skip", skip), (b"L", "limit", limit)):
+        if value:
+            # A negative limit (one batch) and wrong types bypass; PyMongo
+            # rejects the latter itself.
+            if type(value) is not int or not 0 < value < 2**63:
+                return BypassReason.UNSUPPORTED_OPTION
+            rest += tag + struct.pack("<q", value)
+            read_kwargs[name] = value
+    plan = ReadPlan(
+        kind, filter_bytes, rest, "find_one" if kind == KIND_FIND_ONE else "find", (canonical, projection), read_kwargs
+    )
+    if limit:
+        plan.limit = limit
+        plan.unlimited_rest = rest[: -len(b"L") - 8]
+    return plan
+
+
+def classify_aggregate(
+    pipeline: Any, args: tuple[Any, ...], kwargs: dict[str, Any], codec_options: CodecOptions[Any]
+) -> ReadPlan | BypassReason:
+    """Decide whether ``aggregate(pipeline, *args, **kwargs)`` can be cached."""
+    if args:
+        return BypassReason.UNSUPPORTED_OPTION
+    if not isinstance(pipeline, list):
+        return BypassReason.UNENCODABLE  # PyMongo raises its own TypeError
+    reason = check_pipeline(pipeline)
+    if reason is not None:
+        return reason
+    kwargs = dict(kwargs)
+    let = kwargs.pop("let", None)
+    neutral = _neutral(kwargs, frozenset({"comment", "batchSize", "maxTimeMS", "allowDiskUse"}))
+    if isinstance(neutral, BypassReason):
+        return neutral
+    if let is not None:
+        if not isinstance(let, Mapping):
+            return BypassReason.UNENCODABLE
+        reason = check_expression(dict(let))
+        if reason is not None:
+            return reason
+        neutral["let"] = let
+    # The "filter" part of the key is the pipeline: never an identity filter.
+    filter_bytes = _encode({"pipeline": pipeline}, codec_options)
+    rest = b"" if let is None else _encode(let, codec_options)
+    if filter_bytes is None or rest is None:
+        return BypassReason.UNENCODABLE
+    return ReadPlan(KIND_AGGREGATE, filter_bytes, rest, "aggregate", (pipeline,), neutral)
 
 
 _COUNT_KEYED = ("skip", "limit")
@@ -424,10 +560,6 @@ def classify_count_documents(
         return BypassReason.UNSUPPORTED_OPTION
     keyed = {name: kwargs[name] for name in _COUNT_KEYED if name in kwargs}
     rest_kwargs = {k: v for k, v in kwargs.items() if k not in keyed}
-    for name in ("collation", "hint"):
-        if rest_kwargs.get(name) is not None:
-            return BypassReason.UNSUPPORTED_OPTION
-        rest_kwargs.pop(name, None)
     neutral = _neutral(rest_kwargs, frozenset({"comment", "maxTimeMS"}))
     if isinstance(neutral, BypassReason):
         return neutral
@@ -469,10 +601,6 @@ def classify_distinct(
             return BypassReason.UNKNOWN_OPTION  # given twice: PyMongo raises
         kwargs["filter"] = args[0]
     filter = kwargs.pop("filter", None)
-    for name in ("collation", "hint"):
-        if kwargs.get(name) is not None:
-            return BypassReason.UNSUPPORTED_OPTION
-        kwargs.pop(name, None)
     neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS"}))
     if isinstance(neutral, BypassReason):
         return neutral

@@ -236,6 +236,23 @@ class Engine:
         found"), MISS or UNHEALTHY."""
         return self.native.lookup(ns.ns_idx, ns.db_idx, plan.kind, plan.filter_bytes, plan.rest, codec_options)
 
+    def lookup_limited(self, ns: NamespaceHandle, plan: ReadPlan, codec_options: Any) -> Any:
+        """``lookup`` for a ``find`` with a positive limit: its own entry, else
+        the entry of the same find without a limit, whose prefix serves it.
+        Counted as one lookup (the second one's hit or miss)."""
+        result = self.lookup(ns, plan, codec_options)
+        if result is not MISS:
+            return result
+        result = self.native.lookup(
+            ns.ns_idx, ns.db_idx, plan.kind, plan.filter_bytes, plan.unlimited_rest, codec_options
+        )
+        with self._lock:
+            self._carried["misses"] -= 1
+        return result
+
+    def count_oversize(self) -> None:
+        self._count_reject(RejectReason.OVERSIZE)
+
     def ns_key(self, ns: NamespaceHandle) -> tuple[int, int]:
         """The (epoch, incarnation) a collection probe is valid for; read it
         before probing, and probe again when it is not ``ns.probe_key``."""

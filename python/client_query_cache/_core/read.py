@@ -33,12 +33,16 @@ from pymongo.read_preferences import ReadPreference
 
 from .classify import (
     FAST_ID_TYPES,
+    KIND_AGGREGATE,
     KIND_DISTINCT,
+    KIND_FIND,
     KIND_FIND_ONE,
     ReadPlan,
+    classify_aggregate,
     classify_count_documents,
     classify_distinct,
     classify_estimated_document_count,
+    classify_find,
     classify_find_one,
     collection_bypass,
 )
@@ -163,6 +167,15 @@ class CollectionCore:
     def start_distinct(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         return self._start(lambda: classify_distinct(key, args, kwargs, self.codec))
 
+    def start_find(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        """``find(*args, **kwargs)``; a HIT's value is the list of documents."""
+        return self._start(lambda: classify_find(args, kwargs, self.codec))
+
+    def start_aggregate(self, pipeline: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        """``aggregate(pipeline, *args, **kwargs)``; a HIT's value is the list
+        of documents."""
+        return self._start(lambda: classify_aggregate(pipeline, args, kwargs, self.codec))
+
     def _start(self, classify: Callable[[], ReadPlan | BypassReason], looked_up: Any = None) -> Step:
         if self.generation != self.engine.generation:
             self._bind()
@@ -174,11 +187,14 @@ class CollectionCore:
             if type(plan) is ReadPlan:
                 result = looked_up
                 if result is None:
-                    result = self.engine.lookup(self.ns, plan, self.codec)
+                    if plan.limit:
+                        result = self.engine.lookup_limited(self.ns, plan, self.codec)
+                    else:
+                        result = self.engine.lookup(self.ns, plan, self.codec)
                 if result is MISS:
                     return self._after_miss(plan)
                 if result is not UNHEALTHY:
-                    return Step(StepKind.HIT, value=_hit_value(plan.kind, result))
+                    return Step(StepKind.HIT, value=_hit_value(plan, result))
                 reason = BypassReason.STREAM_UNHEALTHY
                 if self.engine.link is not None and self.engine.owner_lost():
                     reason = BypassReason.OWNER_UNAVAILABLE
@@ -248,18 +264,39 @@ class CollectionCore:
         if value is None:
             return None
         if kind == KIND_FIND_ONE or kind == KIND_DISTINCT:
-            return _hit_value(kind, decode_bson(value, self.codec))
+            return _hit_value(plan, decode_bson(value, self.codec))
         return result
 
-    # -- reads this version does not cache ----------------------------------
+    def admit_documents(self, step: Step, raws: list[RawBSONDocument], oversize: bool) -> None:
+        """Admit the complete result of a ``find`` or ``aggregate`` miss (its
+        cursor was exhausted). A ``find`` that returned fewer documents than
+        its limit returned every match: it is admitted without its limit,
+        where any limit's read finds its prefix."""
+        plan = step.plan
+        assert plan is not None and step.token is not None
+        if oversize:
+            self.engine.count_oversize()
+            return
+        if plan.limit and len(raws) < plan.limit:
+            plan = plan.unlimited()
+        hook = self.engine.hooks.before_admit
+        if hook is not None:
+            hook()
+        try:
+            self.engine.admit(plan, step.token, bson.encode({"d": raws}))
+        except CacheClosedError:
+            pass
 
-    def uncached(self) -> None:
-        self.native.check()
-        self.engine.count_bypass(BypassReason.UNCACHED_METHOD)
+    def count_bypass(self, reason: BypassReason) -> None:
+        self.engine.count_bypass(reason)
 
 
-def _hit_value(kind: int, entry: Any) -> Any:
+def _hit_value(plan: ReadPlan, entry: Any) -> Any:
     """A method's result from its decoded entry."""
+    kind = plan.kind
     if kind == KIND_FIND_ONE or entry is None:
         return entry
+    if kind == KIND_FIND or kind == KIND_AGGREGATE:
+        docs = entry["d"]
+        return docs[: plan.limit] if plan.limit else docs
     return entry["v"] if kind == KIND_DISTINCT else entry["n"]

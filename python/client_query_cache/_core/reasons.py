@@ -29,6 +29,11 @@ class BypassReason(str, enum.Enum):
     #: An operator the classifier does not know (geospatial, ``$jsonSchema``,
     #: newer expression operators, ...): it may not be deterministic.
     UNKNOWN_OPERATOR = "unknown_operator"
+    #: An aggregation stage that reads another collection (``$lookup``,
+    #: ``$graphLookup``, ``$unionWith``), whose writes the entry would miss.
+    OTHER_COLLECTION = "other_collection"
+    #: An aggregation that writes (``$out``, ``$merge``).
+    WRITE_STAGE = "write_stage"
     #: The filter or projection cannot be encoded to BSON; PyMongo will
     #: report the problem itself.
     UNENCODABLE = "unencodable"
@@ -44,8 +49,6 @@ class BypassReason(str, enum.Enum):
     MISSING_COLLECTION = "missing_collection"
     #: The arena's namespace or database table is full.
     NAMESPACE_UNAVAILABLE = "namespace_unavailable"
-    #: A read method this version does not serve from the cache.
-    UNCACHED_METHOD = "uncached_method"
 
 
 class RejectReason(str, enum.Enum):

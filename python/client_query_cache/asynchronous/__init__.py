@@ -1,6 +1,6 @@
 """The cache for PyMongo's ``AsyncMongoClient``."""
 
-from .collection import AsyncCachedCollection, AsyncCachedDatabase
+from .collection import AsyncCachedCollection, AsyncCachedCursor, AsyncCachedDatabase
 from .manager import AsyncCacheManager
 
-__all__ = ["AsyncCacheManager", "AsyncCachedDatabase", "AsyncCachedCollection"]
+__all__ = ["AsyncCacheManager", "AsyncCachedDatabase", "AsyncCachedCollection", "AsyncCachedCursor"]

@@ -12,10 +12,11 @@ from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
+from .._core.cursor import CursorBase
 from .._core.facade import CollectionBase, DatabaseBase
 from .._core.read import Step, StepKind
 
-__all__ = ["AsyncCachedDatabase", "AsyncCachedCollection"]
+__all__ = ["AsyncCachedDatabase", "AsyncCachedCollection", "AsyncCachedCursor"]
 
 
 class AsyncCachedCollection(CollectionBase):
@@ -59,16 +60,90 @@ class AsyncCachedCollection(CollectionBase):
         step = self._core.start_distinct(key, args, kwargs)
         return await self._serve(step, lambda: self._raw.distinct(key, *args, **kwargs))
 
-    # -- reads this version does not cache: PyMongo's, counted --------------
+    def find(self, *args: Any, **kwargs: Any) -> AsyncCachedCursor:
+        """PyMongo's ``find``: an async cursor whose result comes from the
+        cache when it is safe (nothing is read before the first document is
+        asked for; a hit's documents are returned without suspending)."""
+        self._core.native.check()
+        return AsyncCachedCursor(self._core, self._raw, args, kwargs)
 
-    def find(self, *args: Any, **kwargs: Any) -> Any:
-        """PyMongo's ``find`` (an ``AsyncCursor``: ``async for``, ``to_list``)."""
-        self._core.uncached()
-        return self._raw.find(*args, **kwargs)
+    async def aggregate(self, pipeline: Any, *args: Any, **kwargs: Any) -> AsyncCachedCursor:
+        """PyMongo's ``aggregate``: an async cursor whose result comes from the
+        cache when the pipeline is deterministic and reads only this collection."""
+        cursor = AsyncCachedCursor(self._core, self._raw, (pipeline, *args), kwargs, method="aggregate")
+        await cursor._start()  # like PyMongo, aggregate runs (or looks up) at once
+        return cursor
 
-    async def aggregate(self, *args: Any, **kwargs: Any) -> Any:
-        self._core.uncached()
-        return await self._raw.aggregate(*args, **kwargs)
+
+class AsyncCachedCursor(CursorBase):
+    """The async twin of ``CachedCursor``: ``async for``, ``to_list()``,
+    ``next()``, ``close()``, ``async with``; ``limit``, ``skip``, ``sort``,
+    ``batch_size``, ``max_time_ms`` and ``comment`` before the first document."""
+
+    def __init__(
+        self, core: Any, raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str = "find"
+    ) -> None:
+        self._method = method
+        super().__init__(core, raw, args, kwargs)
+
+    async def _start(self) -> None:
+        core = self._core
+        step = self._first_step()
+        if step.kind is StepKind.PROBE:
+            cursor = await core.probe_db.list_collections(filter=core.probe_filter())
+            step = core.probed(step, await cursor.to_list(None))
+        if step.kind is StepKind.READ:
+            source = core.miss_read(step)
+            self._serve_read(step, await source if self._method == "aggregate" else source)
+        elif step.kind is StepKind.HIT:
+            self._serve_hit(step)
+        else:
+            source = self._bypass_call()
+            self._serve_bypass(await source if self._method == "aggregate" else source)
+
+    def __aiter__(self) -> AsyncCachedCursor:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self._started:
+            await self._start()
+        if self._docs is not None:
+            more, doc = self._next_buffered()
+            if not more:
+                raise StopAsyncIteration
+            return doc
+        try:
+            item = await self._source.__anext__()
+        except StopAsyncIteration:
+            self._exhausted()
+            raise
+        return self._item(item)
+
+    next = __anext__
+
+    async def to_list(self, length: int | None = None) -> list[Any]:
+        """The remaining documents (at most ``length``), as PyMongo's ``to_list``."""
+        if length is not None and length < 1:
+            raise ValueError("to_list() length must be greater than 0")
+        out: list[Any] = []
+        async for doc in self:
+            out.append(doc)
+            if length is not None and len(out) >= length:
+                break
+        return out
+
+    async def close(self) -> None:
+        """Close the cursor; a miss that was not read to the end admits nothing."""
+        source = self._source
+        self._abandon()
+        if source is not None:
+            await source.close()
+
+    async def __aenter__(self) -> AsyncCachedCursor:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class AsyncCachedDatabase(DatabaseBase):

@@ -7,19 +7,21 @@ from typing import Any
 
 from pymongo.collection import Collection
 
+from .._core.cursor import CursorBase
 from .._core.facade import CollectionBase, DatabaseBase
 from .._core.read import Step, StepKind
 
-__all__ = ["CachedDatabase", "CachedCollection"]
+__all__ = ["CachedDatabase", "CachedCollection", "CachedCursor"]
 
 
 class CachedCollection(CollectionBase):
     """A PyMongo ``Collection`` whose safe reads are served from the cache.
 
-    ``find_one``, ``count_documents``, ``estimated_document_count`` and
-    ``distinct`` are cached when safe (see the bypass reasons); every other
-    read is passed to PyMongo unchanged and counted as a bypass. Writes and
-    other attributes are the wrapped collection's (``.raw``).
+    ``find_one``, ``find``, ``aggregate``, ``count_documents``,
+    ``estimated_document_count`` and ``distinct`` are served from the cache
+    when safe; otherwise they are passed to PyMongo unchanged and counted as a
+    bypass with its reason. Writes and other attributes are the wrapped
+    collection's (``.raw``).
     """
 
     __slots__ = ()
@@ -59,15 +61,89 @@ class CachedCollection(CollectionBase):
         step = self._core.start_distinct(key, args, kwargs)
         return self._serve(step, lambda: self._raw.distinct(key, *args, **kwargs))
 
-    # -- reads this version does not cache: PyMongo's, counted --------------
+    def find(self, *args: Any, **kwargs: Any) -> CachedCursor:
+        """PyMongo's ``find``: a cursor whose result comes from the cache when
+        it is safe (nothing is read before the first document is asked for)."""
+        self._core.native.check()
+        return CachedCursor(self._core, self._raw, args, kwargs)
 
-    def find(self, *args: Any, **kwargs: Any) -> Any:
-        self._core.uncached()
-        return self._raw.find(*args, **kwargs)
+    def aggregate(self, pipeline: Any, *args: Any, **kwargs: Any) -> CachedCursor:
+        """PyMongo's ``aggregate``: a cursor whose result comes from the cache
+        when the pipeline is deterministic and reads only this collection."""
+        cursor = CachedCursor(self._core, self._raw, (pipeline, *args), kwargs, method="aggregate")
+        cursor._start()  # like PyMongo, aggregate runs (or looks up) at once
+        return cursor
 
-    def aggregate(self, *args: Any, **kwargs: Any) -> Any:
-        self._core.uncached()
-        return self._raw.aggregate(*args, **kwargs)
+
+class CachedCursor(CursorBase):
+    """The cursor of a cached ``find`` or ``aggregate``: iteration, ``list()``,
+    ``to_list()``, ``next()``, ``close()``, ``with``; ``limit``, ``skip``,
+    ``sort``, ``batch_size``, ``max_time_ms`` and ``comment`` before the first
+    document. Anything else PyMongo's cursor offers hands the read to PyMongo
+    (counted as a bypass) when asked before the first document."""
+
+    def __init__(
+        self, core: Any, raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str = "find"
+    ) -> None:
+        self._method = method
+        super().__init__(core, raw, args, kwargs)
+
+    def _start(self) -> None:
+        core = self._core
+        step = self._first_step()
+        if step.kind is StepKind.PROBE:
+            infos = list(core.probe_db.list_collections(filter=core.probe_filter()))
+            step = core.probed(step, infos)
+        if step.kind is StepKind.READ:
+            self._serve_read(step, core.miss_read(step))
+        elif step.kind is StepKind.HIT:
+            self._serve_hit(step)
+        else:
+            self._serve_bypass(self._bypass_call())
+
+    def __iter__(self) -> CachedCursor:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._started:
+            self._start()
+        if self._docs is not None:
+            more, doc = self._next_buffered()
+            if not more:
+                raise StopIteration
+            return doc
+        try:
+            item = next(self._source)
+        except StopIteration:
+            self._exhausted()
+            raise
+        return self._item(item)
+
+    next = __next__
+
+    def to_list(self, length: int | None = None) -> list[Any]:
+        """The remaining documents (at most ``length``), as PyMongo's ``to_list``."""
+        if length is not None and length < 1:
+            raise ValueError("to_list() length must be greater than 0")
+        out: list[Any] = []
+        for doc in self:
+            out.append(doc)
+            if length is not None and len(out) >= length:
+                break
+        return out
+
+    def close(self) -> None:
+        """Close the cursor; a miss that was not read to the end admits nothing."""
+        source = self._source
+        self._abandon()
+        if source is not None:
+            source.close()
+
+    def __enter__(self) -> CachedCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class CachedDatabase(DatabaseBase):

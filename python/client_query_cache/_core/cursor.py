@@ -1,0 +1,186 @@
+"""The state of a cached ``find`` or ``aggregate`` cursor, without I/O.
+
+The sync and async cursors subclass :class:`CursorBase` and add the I/O: the
+first step of the read (lookup, probe, capture) and the iteration of the
+source, which is one of
+
+* the documents of a hit (a list decoded from the entry; no I/O at all),
+* the raw cursor of a miss, read at primary with majority read concern: each
+  raw document is decoded for the caller and kept by a :class:`Collector`;
+  when the cursor is exhausted the complete result is admitted (never a
+  partial one: a cursor closed, abandoned or failed early admits nothing),
+* PyMongo's own cursor for a bypass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymongo.errors import InvalidOperation
+
+from .engine import decode_bson
+from .read import CollectionCore, Step
+from .reasons import BypassReason
+
+__all__ = ["CursorBase", "Collector"]
+
+
+class Collector:
+    """The raw documents of a miss, kept until its cursor is exhausted."""
+
+    __slots__ = ("core", "step", "raws", "size", "oversize")
+
+    def __init__(self, core: CollectionCore, step: Step) -> None:
+        self.core = core
+        self.step = step
+        self.raws: list[Any] = []
+        self.size = 0
+        self.oversize = False
+
+    def add(self, raw: Any) -> Any:
+        """Keep one raw document; return it decoded for the caller."""
+        data = raw.raw
+        if not self.oversize:
+            self.size += len(data)
+            if self.size > self.core.engine.max_entry_bytes:
+                self.oversize = True  # counted when the cursor is exhausted
+                self.raws = []
+            else:
+                self.raws.append(raw)
+        return decode_bson(data, self.core.codec)
+
+    def complete(self) -> None:
+        """The cursor is exhausted: admit the complete result."""
+        self.core.admit_documents(self.step, self.raws, self.oversize)
+
+
+class CursorBase:
+    """What the sync and async cursors share: options, state, buffering."""
+
+    _method: str  # "find" or "aggregate"
+
+    def __init__(self, core: CollectionCore, raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._core = core
+        self._raw = raw
+        self._args = args
+        self._kwargs = dict(kwargs)
+        self._started = False
+        self._docs: list[Any] | None = None  # a hit's documents
+        self._pos = 0
+        self._source: Any = None  # the miss's raw cursor, or PyMongo's (bypass)
+        self._collector: Collector | None = None
+
+    # -- the first step --------------------------------------------------------
+
+    def _first_step(self) -> Step:
+        core = self._core
+        if self._method == "find":
+            return core.start_find(self._args, self._kwargs)
+        pipeline, *rest = self._args or (self._kwargs.get("pipeline"),)
+        kwargs = {k: v for k, v in self._kwargs.items() if k != "pipeline"}
+        return core.start_aggregate(pipeline, tuple(rest), kwargs)
+
+    def _serve_hit(self, step: Step) -> None:
+        self._docs = step.value
+        self._started = True
+
+    def _serve_read(self, step: Step, source: Any) -> None:
+        self._collector = Collector(self._core, step)
+        self._source = source
+        self._started = True
+
+    def _bypass_call(self) -> Any:
+        """PyMongo's ``find`` or ``aggregate`` with the caller's arguments (a
+        cursor, or an awaitable of one for ``AsyncCollection.aggregate``)."""
+        return getattr(self._raw, self._method)(*self._args, **self._kwargs)
+
+    def _serve_bypass(self, source: Any) -> None:
+        self._source = source
+        self._started = True
+
+    # -- iteration ----------------------------------------------------------------
+
+    def _next_buffered(self) -> tuple[bool, Any]:
+        """(True, document) from a hit's documents, or (False, None) at the end."""
+        docs = self._docs
+        assert docs is not None
+        if self._pos >= len(docs):
+            return False, None
+        doc = docs[self._pos]
+        self._pos += 1
+        return True, doc
+
+    def _item(self, item: Any) -> Any:
+        collector = self._collector
+        return item if collector is None else collector.add(item)
+
+    def _exhausted(self) -> None:
+        collector, self._collector = self._collector, None
+        if collector is not None:
+            collector.complete()
+
+    def _abandon(self) -> None:
+        """Closed before the end: admit nothing."""
+        self._collector = None
+        self._docs = []
+        self._started = True
+
+    # -- options before the read starts --------------------------------------------
+
+    def _set_option(self, name: str, value: Any) -> Any:
+        if self._started:
+            raise InvalidOperation("cannot set options after executing query")
+        if len(self._args) > 2:
+            # find(filter, projection, skip, limit, ...): let PyMongo merge them.
+            self._give_to_pymongo()
+            return getattr(self._source, name)(value)
+        self._kwargs[name] = value
+        return self
+
+    def limit(self, limit: int) -> Any:
+        return self._set_option("limit", limit)
+
+    def skip(self, skip: int) -> Any:
+        return self._set_option("skip", skip)
+
+    def batch_size(self, batch_size: int) -> Any:
+        return self._set_option("batch_size", batch_size)
+
+    def max_time_ms(self, max_time_ms: int | None) -> Any:
+        return self._set_option("max_time_ms", max_time_ms)
+
+    def comment(self, comment: Any) -> Any:
+        return self._set_option("comment", comment)
+
+    def sort(self, key_or_list: Any, direction: Any = None) -> Any:
+        if isinstance(key_or_list, str):
+            key_or_list = [(key_or_list, 1 if direction is None else direction)]
+        return self._set_option("sort", key_or_list)
+
+    def _give_to_pymongo(self) -> None:
+        """An option this cursor does not model: PyMongo's cursor serves the
+        read instead (counted as a bypass)."""
+        self._core.count_bypass(BypassReason.UNSUPPORTED_OPTION)
+        self._serve_bypass(self._raw.find(*self._args, **self._kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if not self._started and self._method == "find":
+            self._give_to_pymongo()
+        if self._source is not None and self._collector is None:
+            return getattr(self._source, name)
+        raise AttributeError(f"{name!r} is not available on a cursor served from the cache")
+
+    @property
+    def alive(self) -> bool:
+        """Whether more documents may come (as PyMongo's ``alive``)."""
+        if not self._started:
+            return True
+        if self._docs is not None:
+            return self._pos < len(self._docs)
+        return bool(self._source.alive)
+
+    def __repr__(self) -> str:
+        state = "hit" if self._docs is not None else "miss" if self._collector else "pymongo"
+        return f"<{type(self).__name__} {self._method} {state if self._started else 'not started'}>"
