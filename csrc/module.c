@@ -575,11 +575,12 @@ encode_id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
 /* Lookups                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Look up a built key; returns a new reference (document, None, or a
- * sentinel) or NULL with an exception. */
+/* Look up a built key; returns a new reference (the entry decoded with
+ * decode(bytes, codec_options), None, or a sentinel) or NULL with an
+ * exception. */
 static PyObject *
 lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k,
-            PyObject *codec_options)
+            PyObject *codec_options, PyObject *decode)
 {
    alloc_ctx_t ctx = {NULL};
    bool stalled;
@@ -606,7 +607,7 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k
    }
    args[0] = ctx.bytes;
    args[1] = codec_options;
-   doc = PyObject_Vectorcall (self->decode, args, 2, NULL);
+   doc = PyObject_Vectorcall (decode, args, 2, NULL);
    Py_DECREF (ctx.bytes);
    return doc;
 }
@@ -656,7 +657,7 @@ Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    if (!key_build (&k, 1, ns_idx, filter, (uint32_t) flen, NULL, 0)) {
       return NULL;
    }
-   res = lookup_key (self, ns_idx, db_idx, &k, args[3]);
+   res = lookup_key (self, ns_idx, db_idx, &k, args[3], self->decode);
    key_free (&k);
    return res;
 }
@@ -675,7 +676,9 @@ get_buffer (PyObject *o, Py_buffer *view, const char *what)
    return true;
 }
 
-/* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options) */
+/* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options[, decode]):
+ * decode(bytes, codec_options) builds the result of a hit; the cache's
+ * decode (one document) when omitted. */
 static PyObject *
 Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -684,8 +687,12 @@ Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    key_t_ k = {.buf = NULL};
    PyObject *res = NULL;
 
-   if (nargs != 6) {
-      PyErr_SetString (PyExc_TypeError, "lookup takes 6 arguments");
+   if (nargs != 6 && nargs != 7) {
+      PyErr_SetString (PyExc_TypeError, "lookup takes 6 or 7 arguments");
+      return NULL;
+   }
+   if (nargs == 7 && !PyCallable_Check (args[6])) {
+      PyErr_SetString (PyExc_TypeError, "decode must be callable");
       return NULL;
    }
    if (!check_usable (self) ||
@@ -704,7 +711,7 @@ Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                    (uint32_t) rb.len)) {
       goto cleanup;
    }
-   res = lookup_key (self, ns_idx, db_idx, &k, args[5]);
+   res = lookup_key (self, ns_idx, db_idx, &k, args[5], nargs == 7 ? args[6] : self->decode);
 cleanup:
    key_free (&k);
    if (fb.obj) {

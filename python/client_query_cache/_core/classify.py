@@ -58,6 +58,7 @@ KIND_FIND_ONE = 1
 KIND_COUNT_DOCUMENTS = 2
 KIND_ESTIMATED_COUNT = 3
 KIND_DISTINCT = 4
+# Kinds from KIND_FIND on hold a sequence of documents (a cursor's result).
 KIND_FIND = 5
 KIND_AGGREGATE = 6
 
@@ -509,9 +510,10 @@ def _classify_find(
                 return BypassReason.UNSUPPORTED_OPTION
             rest += tag + struct.pack("<q", value)
             read_kwargs[name] = value
-    plan = ReadPlan(
-        kind, filter_bytes, rest, "find_one" if kind == KIND_FIND_ONE else "find", (canonical, projection), read_kwargs
-    )
+    # A find's miss reads raw batches: their bytes are the entry, decoded in
+    # one call per batch, as PyMongo decodes them.
+    method = "find_one" if kind == KIND_FIND_ONE else "find_raw_batches"
+    plan = ReadPlan(kind, filter_bytes, rest, method, (canonical, projection), read_kwargs)
     if limit:
         plan.limit = limit
         plan.unlimited_rest = rest[: -len(b"L") - 8]
@@ -546,6 +548,8 @@ def classify_aggregate(
     rest = b"" if let is None else _encode(let, codec_options)
     if filter_bytes is None or rest is None:
         return BypassReason.UNENCODABLE
+    # Not aggregate_raw_batches: PyMongo opens those with an empty first
+    # batch, which costs a getMore round trip. The miss reads RawBSONDocuments.
     return ReadPlan(KIND_AGGREGATE, filter_bytes, rest, "aggregate", (pipeline,), neutral)
 
 

@@ -5,10 +5,13 @@ first step of the read (lookup, probe, capture) and the iteration of the
 source, which is one of
 
 * the documents of a hit (a list decoded from the entry; no I/O at all),
-* the raw cursor of a miss, read at primary with majority read concern: each
-  raw document is decoded for the caller and kept by a :class:`Collector`;
-  when the cursor is exhausted the complete result is admitted (never a
-  partial one: a cursor closed, abandoned or failed early admits nothing),
+* for a miss, read at primary with majority read concern, a raw batch cursor
+  (``find_raw_batches``: each batch is decoded in one call with the caller's
+  codec options, as PyMongo decodes it) or an aggregate cursor of
+  RawBSONDocuments (``aggregate_raw_batches`` would cost a round trip more),
+  whose bytes a :class:`Collector` keeps; when the cursor is exhausted the complete result
+  is admitted (never a partial one: a cursor closed, abandoned or failed
+  early admits nothing),
 * PyMongo's own cursor for a bypass.
 """
 
@@ -18,7 +21,7 @@ from typing import Any
 
 from pymongo.errors import InvalidOperation
 
-from .engine import decode_bson
+from .engine import decode_documents
 from .read import CollectionCore, Step
 from .reasons import BypassReason
 
@@ -26,32 +29,34 @@ __all__ = ["CursorBase", "Collector"]
 
 
 class Collector:
-    """The raw documents of a miss, kept until its cursor is exhausted."""
+    """The raw batches of a miss, kept until its cursor is exhausted."""
 
-    __slots__ = ("core", "step", "raws", "size", "oversize")
+    __slots__ = ("core", "step", "batches", "count", "size", "oversize")
 
     def __init__(self, core: CollectionCore, step: Step) -> None:
         self.core = core
         self.step = step
-        self.raws: list[Any] = []
+        self.batches: list[bytes] = []
+        self.count = 0
         self.size = 0
         self.oversize = False
 
-    def add(self, raw: Any) -> Any:
-        """Keep one raw document; return it decoded for the caller."""
-        data = raw.raw
+    def add(self, batch: bytes) -> list[Any]:
+        """Keep one raw batch; return its documents decoded for the caller."""
+        docs = decode_documents(batch, self.core.codec)
+        self.count += len(docs)
         if not self.oversize:
-            self.size += len(data)
+            self.size += len(batch)
             if self.size > self.core.engine.max_entry_bytes:
                 self.oversize = True  # counted when the cursor is exhausted
-                self.raws = []
+                self.batches = []
             else:
-                self.raws.append(raw)
-        return decode_bson(data, self.core.codec)
+                self.batches.append(batch)
+        return docs
 
     def complete(self) -> None:
         """The cursor is exhausted: admit the complete result."""
-        self.core.admit_documents(self.step, self.raws, self.oversize)
+        self.core.admit_documents(self.step, self.batches, self.count, self.oversize)
 
 
 class CursorBase:
@@ -65,9 +70,10 @@ class CursorBase:
         self._args = args
         self._kwargs = dict(kwargs)
         self._started = False
-        self._docs: list[Any] | None = None  # a hit's documents
+        #: Documents being served: a hit's, or the current batch of a miss.
+        self._docs: list[Any] | None = None
         self._pos = 0
-        self._source: Any = None  # the miss's raw cursor, or PyMongo's (bypass)
+        self._source: Any = None  # the miss's raw batch cursor, or PyMongo's (bypass)
         self._collector: Collector | None = None
 
     # -- the first step --------------------------------------------------------
@@ -86,6 +92,7 @@ class CursorBase:
 
     def _serve_read(self, step: Step, source: Any) -> None:
         self._collector = Collector(self._core, step)
+        self._docs = []
         self._source = source
         self._started = True
 
@@ -100,19 +107,24 @@ class CursorBase:
 
     # -- iteration ----------------------------------------------------------------
 
-    def _next_buffered(self) -> tuple[bool, Any]:
-        """(True, document) from a hit's documents, or (False, None) at the end."""
+    def _buffered(self) -> tuple[bool, Any]:
+        """(True, document) if one is buffered, else (False, None)."""
         docs = self._docs
-        assert docs is not None
-        if self._pos >= len(docs):
-            return False, None
-        doc = docs[self._pos]
-        self._pos += 1
-        return True, doc
+        if docs is not None and self._pos < len(docs):
+            doc = docs[self._pos]
+            self._pos += 1
+            return True, doc
+        return False, None
 
-    def _item(self, item: Any) -> Any:
-        collector = self._collector
-        return item if collector is None else collector.add(item)
+    def _needs_batch(self) -> bool:
+        """The buffer is empty and a miss's cursor may have more batches."""
+        return self._collector is not None
+
+    def _take_batch(self, batch: Any) -> None:
+        """A raw batch (bytes) of a find, or one RawBSONDocument of an aggregate."""
+        assert self._collector is not None
+        self._docs = self._collector.add(batch if type(batch) is bytes else batch.raw)
+        self._pos = 0
 
     def _exhausted(self) -> None:
         collector, self._collector = self._collector, None
@@ -123,6 +135,7 @@ class CursorBase:
         """Closed before the end: admit nothing."""
         self._collector = None
         self._docs = []
+        self._pos = 0
         self._started = True
 
     # -- options before the read starts --------------------------------------------
@@ -168,8 +181,8 @@ class CursorBase:
             raise AttributeError(name)
         if not self._started and self._method == "find":
             self._give_to_pymongo()
-        if self._source is not None and self._collector is None:
-            return getattr(self._source, name)
+        if self._docs is None and self._source is not None:
+            return getattr(self._source, name)  # PyMongo's cursor serves this read
         raise AttributeError(f"{name!r} is not available on a cursor served from the cache")
 
     @property
@@ -177,10 +190,15 @@ class CursorBase:
         """Whether more documents may come (as PyMongo's ``alive``)."""
         if not self._started:
             return True
-        if self._docs is not None:
-            return self._pos < len(self._docs)
-        return bool(self._source.alive)
+        if self._docs is None:
+            return bool(self._source.alive)
+        return self._collector is not None or self._pos < len(self._docs)
 
     def __repr__(self) -> str:
-        state = "hit" if self._docs is not None else "miss" if self._collector else "pymongo"
-        return f"<{type(self).__name__} {self._method} {state if self._started else 'not started'}>"
+        if not self._started:
+            state = "not started"
+        elif self._docs is None:
+            state = "pymongo"
+        else:
+            state = "miss" if self._source is not None else "hit"
+        return f"<{type(self).__name__} {self._method} {state}>"

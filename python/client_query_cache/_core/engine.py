@@ -27,14 +27,14 @@ import bson
 from bson.objectid import ObjectId
 
 from .. import _native
-from .classify import ReadPlan
+from .classify import KIND_FIND, ReadPlan
 from .config import CacheConfig
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
 from .shared import OwnerLink, SharedCacheError, ring_bytes_for, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
 
-__all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "MISS", "UNHEALTHY", "FALLBACK"]
+__all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY", "FALLBACK"]
 
 MISS = _native.MISS
 UNHEALTHY = _native.UNHEALTHY
@@ -43,6 +43,8 @@ FALLBACK = _native.FALLBACK
 #: The cheapest way to build a document from BSON bytes with given codec
 #: options: PyMongo's C decoder, without bson.decode's argument checks.
 decode_bson: Callable[[Any, Any], Any] = getattr(bson, "_bson_to_dict", bson.decode)
+#: The same for a sequence of documents (a find or aggregate entry): a list.
+decode_documents: Callable[[Any, Any], list[Any]] = getattr(bson, "_decode_all", bson.decode_all)
 
 class Hooks:
     """Test hooks called on the miss path (None: nothing is called)."""
@@ -231,10 +233,14 @@ class Engine:
 
     # -- the miss protocol --------------------------------------------------
 
-    def lookup(self, ns: NamespaceHandle, plan: ReadPlan, codec_options: Any) -> Any:
-        """The entry decoded with ``codec_options``, None (a cached "not
-        found"), MISS or UNHEALTHY."""
-        return self.native.lookup(ns.ns_idx, ns.db_idx, plan.kind, plan.filter_bytes, plan.rest, codec_options)
+    def lookup(self, ns: NamespaceHandle, plan: ReadPlan, codec_options: Any, rest: bytes | None = None) -> Any:
+        """The entry decoded with ``codec_options`` (a list of documents for
+        find and aggregate), None (a cached "not found"), MISS or UNHEALTHY."""
+        native, kind = self.native, plan.kind
+        rest = plan.rest if rest is None else rest
+        if kind >= KIND_FIND:
+            return native.lookup(ns.ns_idx, ns.db_idx, kind, plan.filter_bytes, rest, codec_options, decode_documents)
+        return native.lookup(ns.ns_idx, ns.db_idx, kind, plan.filter_bytes, rest, codec_options)
 
     def lookup_limited(self, ns: NamespaceHandle, plan: ReadPlan, codec_options: Any) -> Any:
         """``lookup`` for a ``find`` with a positive limit: its own entry, else
@@ -243,9 +249,7 @@ class Engine:
         result = self.lookup(ns, plan, codec_options)
         if result is not MISS:
             return result
-        result = self.native.lookup(
-            ns.ns_idx, ns.db_idx, plan.kind, plan.filter_bytes, plan.unlimited_rest, codec_options
-        )
+        result = self.lookup(ns, plan, codec_options, plan.unlimited_rest)
         with self._lock:
             self._carried["misses"] -= 1
         return result

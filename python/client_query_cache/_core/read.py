@@ -15,8 +15,10 @@ with one C call and no allocation besides the result; otherwise it returns the
 first Step, so a facade tells the two apart with ``type(r) is Step``.
 
 Entries hold BSON: a ``find_one`` entry the document itself (or "not found"),
-a count ``{"n": count}``, a ``distinct`` entry ``{"v": [values]}``; a hit is
-decoded with the caller's codec options, like PyMongo decodes the reply.
+a count ``{"n": count}``, a ``distinct`` entry ``{"v": [values]}``, a ``find``
+or ``aggregate`` entry the raw documents one after the other (the bytes of the
+raw batches the miss read); a hit is decoded with the caller's codec options,
+like PyMongo decodes the reply.
 """
 
 from __future__ import annotations
@@ -267,23 +269,24 @@ class CollectionCore:
             return _hit_value(plan, decode_bson(value, self.codec))
         return result
 
-    def admit_documents(self, step: Step, raws: list[RawBSONDocument], oversize: bool) -> None:
+    def admit_documents(self, step: Step, batches: list[bytes], count: int, oversize: bool) -> None:
         """Admit the complete result of a ``find`` or ``aggregate`` miss (its
-        cursor was exhausted). A ``find`` that returned fewer documents than
-        its limit returned every match: it is admitted without its limit,
-        where any limit's read finds its prefix."""
+        cursor was exhausted): the raw batches, ``count`` documents in all.
+        A ``find`` that returned fewer documents than its limit returned
+        every match: it is admitted without its limit, where any limit's
+        read finds its prefix."""
         plan = step.plan
         assert plan is not None and step.token is not None
         if oversize:
             self.engine.count_oversize()
             return
-        if plan.limit and len(raws) < plan.limit:
+        if plan.limit and count < plan.limit:
             plan = plan.unlimited()
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
         try:
-            self.engine.admit(plan, step.token, bson.encode({"d": raws}))
+            self.engine.admit(plan, step.token, b"".join(batches))
         except CacheClosedError:
             pass
 
@@ -297,6 +300,5 @@ def _hit_value(plan: ReadPlan, entry: Any) -> Any:
     if kind == KIND_FIND_ONE or entry is None:
         return entry
     if kind == KIND_FIND or kind == KIND_AGGREGATE:
-        docs = entry["d"]
-        return docs[: plan.limit] if plan.limit else docs
+        return entry[: plan.limit] if plan.limit else entry  # a list of documents
     return entry["v"] if kind == KIND_DISTINCT else entry["n"]

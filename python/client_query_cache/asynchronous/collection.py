@@ -107,17 +107,20 @@ class AsyncCachedCursor(CursorBase):
     async def __anext__(self) -> Any:
         if not self._started:
             await self._start()
-        if self._docs is not None:
-            more, doc = self._next_buffered()
-            if not more:
+        while True:
+            more, doc = self._buffered()
+            if more:
+                return doc
+            if self._docs is None:
+                return await self._source.__anext__()  # PyMongo's cursor (a bypass)
+            if not self._needs_batch():
                 raise StopAsyncIteration
-            return doc
-        try:
-            item = await self._source.__anext__()
-        except StopAsyncIteration:
-            self._exhausted()
-            raise
-        return self._item(item)
+            try:
+                batch = await self._source.__anext__()
+            except StopAsyncIteration:
+                self._exhausted()
+                raise
+            self._take_batch(batch)
 
     next = __anext__
 

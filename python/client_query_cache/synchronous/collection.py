@@ -107,17 +107,20 @@ class CachedCursor(CursorBase):
     def __next__(self) -> Any:
         if not self._started:
             self._start()
-        if self._docs is not None:
-            more, doc = self._next_buffered()
-            if not more:
+        while True:
+            more, doc = self._buffered()
+            if more:
+                return doc
+            if self._docs is None:
+                return next(self._source)  # PyMongo's cursor (a bypass)
+            if not self._needs_batch():
                 raise StopIteration
-            return doc
-        try:
-            item = next(self._source)
-        except StopIteration:
-            self._exhausted()
-            raise
-        return self._item(item)
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                self._exhausted()
+                raise
+            self._take_batch(batch)
 
     next = __next__
 
