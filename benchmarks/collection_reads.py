@@ -1,0 +1,328 @@
+"""Collection-read benchmark: cached against direct for find, aggregate, counts, distinct.
+
+One process, one collection of documents of about 1 KiB
+(``benchmarks._common.make_document`` plus ``group`` = i mod G, G = D/20,
+and ``bucket`` = i mod 20, both indexed), one process-local ``CacheManager`` and the same
+``MongoClient`` read directly (primary, majority). Operations:
+
+  find_one      ``find_one({"group": g, "age": {"$gte": 18}}, sort=[("_id", -1)])``
+  find_small    ``find({"group": g}, sort=[("_id", 1)])``, listed (about D/G documents)
+  find_large    ``find({"bucket": b}, sort=[("_id", 1)])``, listed (about D/20)
+  aggregate     ``$match`` on a group, ``$group`` by city (count, average age), ``$sort``
+  count         ``count_documents({"bucket": b, "age": {"$gte": 40}})``
+  distinct      ``distinct("address.city", {"group": g})``
+
+Three phases, each ``--samples`` samples per operation, the cached and the
+direct read of a sample back to back in alternating order:
+
+  hot     parameters drawn from a hot set (16 groups, 4 buckets) that the
+          cache was warmed with: every timed cached read must be a hit;
+  cold    every sample adds ``{"_id": {"$ne": -k}}`` with a k of its own to
+          the filter (the result is unchanged, the key is new), so every
+          cached read is a miss that reads MongoDB and admits its result;
+  writer  hot parameters while a separate process updates one random
+          document every 10 ms (each write invalidates every cached read of
+          the collection): the hit rate and the latency of a cache that keeps
+          refilling.
+
+Every hot and cold result is compared with the direct read of the same
+sample, after both stop timestamps; a difference fails the run. In the
+writer phase the two reads may legitimately straddle a write, so results are
+not compared there. Times include listing a cursor. Quantiles are
+nearest-rank. Ratios are cached p50 / direct p50 of the same phase.
+
+    python -m benchmarks.collection_reads --json out.json   # full (about 1.5 minutes here)
+    python -m benchmarks.collection_reads --quick           # smoke run
+
+Uses the disposable server unless MONGODB_URI names a deployment; the
+benchmark works in a database of its own and drops it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pymongo
+from pymongo.read_concern import ReadConcern
+
+from client_query_cache import CacheManager
+from client_query_cache.testing import disposable_uri
+
+from ._common import exit_code, machine_facts, make_document, progress, summarize, write_json
+
+SCHEMA = "client-query-cache/collection-reads/1"
+HOT_GROUPS = 16
+HOT_BUCKETS = 4
+BUCKETS = 20
+TARGET_HOT = 0.2
+TARGET_COLD = 1.10
+
+# name -> (method, builder of (args, kwargs) from (group, bucket, extra filter))
+Op = Callable[[int, int, dict[str, Any]], tuple[str, tuple[Any, ...], dict[str, Any]]]
+OPERATIONS: dict[str, Op] = {
+    "find_one": lambda g, b, x: (
+        "find_one", ({"group": g, "age": {"$gte": 18}, **x},), {"sort": [("_id", -1)]}
+    ),
+    "find_small": lambda g, b, x: ("find", ({"group": g, **x},), {"sort": [("_id", 1)]}),
+    "find_large": lambda g, b, x: ("find", ({"bucket": b, **x},), {"sort": [("_id", 1)]}),
+    "aggregate": lambda g, b, x: (
+        "aggregate",
+        (
+            [
+                {"$match": {"group": g, **x}},
+                {"$group": {"_id": "$address.city", "n": {"$sum": 1}, "age": {"$avg": "$age"}}},
+                {"$sort": {"_id": 1}},
+            ],
+        ),
+        {},
+    ),
+    "count": lambda g, b, x: ("count_documents", ({"bucket": b, "age": {"$gte": 40}, **x},), {}),
+    "distinct": lambda g, b, x: ("distinct", ("address.city", {"group": g, **x}), {}),
+}  # fmt: skip
+
+
+def _call(coll: Any, op: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
+    method, args, kwargs = op
+    result = getattr(coll, method)(*args, **kwargs)
+    return list(result) if method in ("find", "aggregate") else result
+
+
+def _writer(uri: str, db: str, docs: int, interval: float, stop: Any, count: Any) -> None:
+    """Update one random document every ``interval`` seconds until ``stop``."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    rng = random.Random(7)
+    coll = client[db]["docs"]
+    try:
+        while not stop.is_set():
+            coll.update_one({"_id": rng.randrange(docs)}, {"$inc": {"version": 1}})
+            count.value += 1
+            stop.wait(interval)
+    finally:
+        client.close()
+
+
+def _phase(
+    name: str,
+    manager: CacheManager,
+    cached: Any,
+    direct: Any,
+    samples: int,
+    rng: random.Random,
+    groups: list[int],
+    buckets: list[int],
+    cold_counter: list[int],
+    compare: bool,
+) -> tuple[dict[str, Any], list[str]]:
+    """Time every operation ``samples`` times, cached and direct back to back."""
+    results: dict[str, Any] = {}
+    problems: list[str] = []
+    clock = time.perf_counter_ns
+    for op_name, build in OPERATIONS.items():
+        t_cached: list[int] = []
+        t_direct: list[int] = []
+        mismatches = 0
+        before = manager.snapshot()
+        gc.collect()
+        for n in range(samples):
+            extra: dict[str, Any] = {}
+            if name == "cold":
+                cold_counter[0] += 1
+                extra = {"_id": {"$ne": -cold_counter[0]}}
+            op = build(rng.choice(groups), rng.choice(buckets), extra)
+            first_cached = n % 2 == 0
+            for which in ((cached, direct) if first_cached else (direct, cached)):
+                t0 = clock()
+                got = _call(which, op)
+                t1 = clock()
+                if which is cached:
+                    t_cached.append(t1 - t0)
+                    got_cached = got
+                else:
+                    t_direct.append(t1 - t0)
+                    got_direct = got
+            if compare and got_cached != got_direct:
+                mismatches += 1
+        after = manager.snapshot()
+        hits, misses = after.hits - before.hits, after.misses - before.misses
+        admitted = after.admissions - before.admissions
+        c, d = summarize(t_cached), summarize(t_direct)
+        results[op_name] = {
+            "cached": c,
+            "direct": d,
+            "cached_over_direct_p50": c["p50_us"] / d["p50_us"],
+            "hits": hits,
+            "misses": misses,
+            "admissions": admitted,
+            "bypasses": sum(after.bypasses.values()) - sum(before.bypasses.values()),
+            "mismatches": mismatches,
+        }
+        if mismatches:
+            problems.append(f"{name}/{op_name}: {mismatches} cached results differ from the direct read")
+        if results[op_name]["bypasses"]:
+            problems.append(f"{name}/{op_name}: {results[op_name]['bypasses']} reads bypassed the cache")
+        if name == "hot" and hits != samples:
+            problems.append(f"hot/{op_name}: {hits} hits for {samples} reads")
+        if name == "cold" and (misses != samples or admitted != samples):
+            problems.append(f"cold/{op_name}: {misses} misses, {admitted} admissions for {samples} reads")
+        progress(
+            f"  {name:<6} {op_name:<10} cached p50 {c['p50_us']:9.1f} us  direct p50 {d['p50_us']:9.1f} us  "
+            f"ratio {results[op_name]['cached_over_direct_p50']:.3f}  hits {hits}/{samples}"
+        )
+    return results, problems
+
+
+def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_interval: float) -> dict[str, Any]:
+    rng = random.Random(seed)
+    db_name = f"cqc_bench_{uuid.uuid4().hex[:12]}"
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    problems: list[str] = []
+    try:
+        coll = client[db_name]["docs"]
+        progress(f"inserting {documents} documents...")
+        docs = []
+        for i in range(documents):
+            d = make_document(i, rng, 1024)
+            d["group"] = i % groups
+            d["bucket"] = i % BUCKETS
+            docs.append(d)
+        coll.insert_many(docs)
+        # Indexes on the filtered fields, as an application would have them
+        # (without them every read scans the collection on the server).
+        coll.create_index("group")
+        coll.create_index("bucket")
+        direct = coll.with_options(read_concern=ReadConcern("majority"))
+        hot_groups = rng.sample(range(groups), min(HOT_GROUPS, groups))
+        hot_buckets = rng.sample(range(BUCKETS), HOT_BUCKETS)
+        with CacheManager(client) as manager:
+            cached = manager[db_name]["docs"]
+            if not manager.wait_ready(30, database=db_name):
+                raise RuntimeError("the change stream did not become ready")
+            progress("warming up...")
+            for build in OPERATIONS.values():
+                for g in hot_groups:
+                    for b in hot_buckets:
+                        _call(cached, build(g, b, {}))
+                        _call(direct, build(g, b, {}))
+            cold_counter = [0]
+            phases: dict[str, Any] = {}
+            for phase in ("hot", "cold"):
+                progress(f"{phase} phase: {samples} samples per operation")
+                phases[phase], found = _phase(
+                    phase, manager, cached, direct, samples, rng, hot_groups, hot_buckets, cold_counter, True
+                )
+                problems += found
+            progress(f"writer phase: one update every {write_interval * 1000:.0f} ms from another process")
+            ctx = multiprocessing.get_context("spawn")
+            stop, count = ctx.Event(), ctx.Value("l", 0)
+            writer = ctx.Process(target=_writer, args=(uri, db_name, documents, write_interval, stop, count))
+            writer.start()
+            try:
+                deadline = time.monotonic() + 60
+                while count.value == 0 and writer.is_alive() and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the phase starts once writes are flowing
+                started, first = time.perf_counter(), count.value
+                phases["writer"], found = _phase(
+                    "writer", manager, cached, direct, samples, rng, hot_groups, hot_buckets, cold_counter, False
+                )
+                elapsed, updates = time.perf_counter() - started, count.value - first
+                problems += [p for p in found if "bypassed" in p]
+            finally:
+                stop.set()
+                writer.join(30)
+            phases["writer_updates"] = {"count": updates, "seconds": elapsed}
+            if updates == 0:
+                problems.append("writer phase: the writer made no update")
+    finally:
+        client.drop_database(db_name)
+        client.close()
+    ratios = {
+        op: {
+            "hot_cached_over_direct_p50": phases["hot"][op]["cached_over_direct_p50"],
+            "cold_cached_over_direct_p50": phases["cold"][op]["cached_over_direct_p50"],
+            "writer_cached_over_direct_p50": phases["writer"][op]["cached_over_direct_p50"],
+            "writer_hit_rate": phases["writer"][op]["hits"] / samples,
+        }
+        for op in OPERATIONS
+    }
+    return {
+        "schema": SCHEMA,
+        "config": {
+            "documents": documents,
+            "groups": groups,
+            "buckets": BUCKETS,
+            "hot_groups": HOT_GROUPS,
+            "hot_buckets": HOT_BUCKETS,
+            "samples": samples,
+            "seed": seed,
+            "write_interval_s": write_interval,
+        },
+        "machine": machine_facts(),
+        "phases": phases,
+        "ratios": ratios,
+        "targets": {"hot_cached_over_direct_p50": TARGET_HOT, "cold_cached_over_direct_p50": TARGET_COLD},
+        "checks": {"passed": not problems, "problems": problems},
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    cfg = report["config"]
+    print(
+        f"collection reads: {cfg['documents']} documents of ~1 KiB, {cfg['samples']} samples per "
+        f"operation and phase, cached and direct back to back; latencies in us (nearest rank)"
+    )
+    print(
+        f"{'operation':<11} {'phase':<7} {'direct p50':>10} {'p95':>9} {'cached p50':>10} {'p95':>9} "
+        f"{'ratio':>7} {'target':>7} {'hits':>6}"
+    )
+    for phase, target in (("hot", TARGET_HOT), ("cold", TARGET_COLD), ("writer", None)):
+        for op, r in report["phases"][phase].items():
+            mark = "" if target is None else ("<= %.2f" % target)
+            if target is not None and r["cached_over_direct_p50"] > target:
+                mark += " MISSED"
+            print(
+                f"{op:<11} {phase:<7} {r['direct']['p50_us']:>10.1f} {r['direct']['p95_us']:>9.1f} "
+                f"{r['cached']['p50_us']:>10.1f} {r['cached']['p95_us']:>9.1f} "
+                f"{r['cached_over_direct_p50']:>7.3f} {mark:>7} {r['hits']:>6}"
+            )
+    w = report["phases"]["writer_updates"]
+    print(f"writer: {w['count']} updates in {w['seconds']:.1f} s during the writer phase")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.collection_reads", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run (fewer documents and samples)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--documents", type=int, default=None)
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=20261204)
+    parser.add_argument("--write-interval-ms", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    documents = args.documents or (1000 if args.quick else 2000)
+    samples = args.samples or (40 if args.quick else 400)
+    groups = max(HOT_GROUPS, documents // 20)
+    started = time.perf_counter()
+    progress("starting the server (or using MONGODB_URI)...")
+    with disposable_uri() as uri:
+        report = run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000)
+    report["mode"] = "quick" if args.quick else "full"
+    report["elapsed_seconds"] = time.perf_counter() - started
+    _print(report)
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    print(f"elapsed {report['elapsed_seconds']:.0f}s")
+    return exit_code(report["checks"]["problems"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
