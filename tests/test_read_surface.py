@@ -18,7 +18,7 @@ from bson.objectid import ObjectId
 from bson.son import SON
 
 from client_query_cache import CacheManager
-from support import async_ready_collection, ready_collection, stream_of, wait_until
+from support import async_ready_collection, outcome, ready_collection, stream_of, wait_until
 
 DOCS = [
     {"_id": 1, "kind": "fruit", "name": "apple", "n": 3, "tags": ["red", "sweet"], "at": {"x": 1}},
@@ -369,3 +369,45 @@ async def test_async_find_and_aggregate_are_cached_and_a_hit_never_suspends(asyn
         coro.send(None)
     assert done.value.value == expected
     await asyncio.sleep(0)
+
+
+# -- namespace events ---------------------------------------------------------------
+
+NS_READS: list[Callable[[Any], Any]] = [
+    lambda c: c.count_documents({"k": 1}),
+    lambda c: sorted(c.distinct("v")),
+    lambda c: c.find({}, sort=[("_id", 1)]).to_list(),
+    lambda c: list(c.aggregate([{"$group": {"_id": None, "n": {"$sum": 1}}}])),
+    lambda c: c.find_one({"k": 1}, sort=[("_id", -1)]),
+    lambda c: c.estimated_document_count(),
+]
+
+
+def _state(coll: Any) -> list[Any]:
+    return [outcome(lambda: read(coll)) for read in NS_READS]
+
+
+@pytest.mark.parametrize("event", ["drop", "rename", "drop_database"])
+def test_namespace_events_invalidate_every_kind_of_entry(manager, client, other_client, db_name, event):
+    raw = client[db_name]
+    raw.src.insert_many([{"_id": i, "k": 1, "v": f"s{i}"} for i in range(3)])
+    raw.dst.insert_many([{"_id": i, "k": 1, "v": f"d{i}"} for i in range(2)])
+    src, dst = ready_collection(manager, db_name, "src"), ready_collection(manager, db_name, "dst")
+    for coll in (src, dst):
+        assert _state(coll) == _state(raw[coll.name])  # misses, admitted
+    hits = manager.snapshot().hits
+    assert _state(src) != _state(dst)
+    assert manager.snapshot().hits == hits + 2 * len(NS_READS)  # all cached
+
+    writer = other_client[db_name]
+    if event == "drop":
+        writer.drop_collection("src")
+    elif event == "rename":
+        writer.src.rename("dst", dropTarget=True)  # both the source and the target change
+    else:
+        other_client.drop_database(db_name)
+
+    wait_until(
+        lambda: _state(src) == _state(raw.src) and _state(dst) == _state(raw.dst),
+        what=f"the {event} reaches every entry",
+    )
