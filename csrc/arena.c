@@ -704,6 +704,34 @@ other_result_w (const cqc_arena_t *a, const cqc_slot_t *s, uint16_t flags, const
           memcmp (a->ring + s->block_off + CQC_BLOCK_HEADER + s->key_len, val, val_len) != 0;
 }
 
+bool
+cqc_arena_w_rebind (const cqc_arena_t *a, cqc_token_t *tok, const uint8_t *doc, uint32_t len)
+{
+   bson_iter_t it;
+   uint64_t hash;
+   bool ok = false;
+   uint32_t cell;
+
+   if (tok->id_cell != CQC_NO_CELL || !doc || !token_current_w (a, tok)) {
+      return false; /* an identity token already, or stale: admit refuses it */
+   }
+   /* The cell the change stream bumps for this _id (see stream.c). */
+   if (!bson_iter_init_from_data (&it, doc, len) || !bson_iter_find (&it, "_id") ||
+       cqc_id_hash (&it, &hash, &ok) != CQC_ID_CELL) {
+      return false; /* no _id, or one the stream invalidates namespace-wide */
+   }
+   cell = cqc_id_cell (hash, tok->ns_idx, a->geo.idgen_count);
+   if (cell >= a->geo.idgen_count) {
+      return false;
+   }
+   /* The write generation has not moved since the capture, so no document
+    * of the namespace was written since: the document's identity generation
+    * now is the one it had when it was read. */
+   tok->id_cell = cell;
+   tok->gen = LOAD (&a->idgen[cell]);
+   return true;
+}
+
 cqc_admit_t
 cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const uint8_t *key,
                    uint32_t key_len, const uint8_t *val, uint32_t val_len, uint16_t flags)

@@ -255,6 +255,14 @@ typedef enum {
    CQC_ADMIT_CONFLICT = 5,
 } cqc_admit_t;
 
+/* Writer, under the writer lock, right before cqc_arena_w_admit: turn a
+ * namespace token (a find_one by the fields of a unique index) into the
+ * identity token of the document it found, if the namespace's write
+ * generation is still the token's. Returns whether it did. */
+#define CQC_KIND_REBIND 0x80u /* kind bit: rebind before admitting */
+bool cqc_arena_w_rebind (const cqc_arena_t *a, cqc_token_t *tok, const uint8_t *doc,
+                         uint32_t len);
+
 bool cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t *idx,
                               char *err, size_t errlen);
 bool cqc_arena_w_ns_register (cqc_arena_t *a, const char *db, size_t db_len, const char *coll,

@@ -757,7 +757,8 @@ Cache_capture (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    return PyBytes_FromStringAndSize ((const char *) &tok, sizeof tok);
 }
 
-/* admit(token, kind, filter_bson, rest, value_or_None) -> result code */
+/* admit(token, kind, filter_bson, rest, value_or_None) -> result code; kind
+ * may carry CQC_KIND_REBIND (the constant KIND_REBIND). */
 static PyObject *
 Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -767,7 +768,7 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    cqc_token_t tok;
    cqc_admit_t r;
    uint64_t id_hash;
-   bool identity;
+   bool identity, rebind;
    PyObject *res = NULL;
 
    if (nargs != 5) {
@@ -777,6 +778,10 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    if (!check_usable (self) || !parse_idx (args[1], &kind, 256, "kind")) {
       return NULL;
    }
+   /* kind | CQC_KIND_REBIND: a find_one by a unique key, to be validated by
+    * the identity of the document it found (cqc_arena_w_rebind). */
+   rebind = (kind & CQC_KIND_REBIND) != 0;
+   kind &= ~CQC_KIND_REBIND;
    if (!get_buffer (args[0], &tb, "token") || !get_buffer (args[2], &fb, "filter") ||
        !get_buffer (args[3], &rb, "rest")) {
       goto cleanup;
@@ -801,7 +806,8 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       goto cleanup;
    }
    if (self->mode == MODE_WORKER) {
-      bool pushed = cqc_ring_push (self->seg, (uint8_t) kind, vb.obj == NULL, &tok, fb.buf,
+      bool pushed = cqc_ring_push (self->seg, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0u)),
+                                   vb.obj == NULL, &tok, fb.buf,
                                    (uint32_t) fb.len, rb.buf, (uint32_t) rb.len,
                                    vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0);
       res = PyLong_FromLong (pushed ? ADMIT_QUEUED : ADMIT_DROPPED);
@@ -812,6 +818,9 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       goto cleanup;
    }
    pthread_mutex_lock (&self->lock);
+   if (rebind && vb.obj) {
+      cqc_arena_w_rebind (&self->arena, &tok, vb.buf, (uint32_t) vb.len);
+   }
    r = cqc_arena_w_admit (&self->arena, &tok, cqc_hash_bytes (k.buf, k.len, 0), k.buf, k.len,
                           vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0,
                           vb.obj ? 0 : CQC_ENTRY_NOT_FOUND);
@@ -1279,6 +1288,7 @@ PyInit__native (void)
        PyModule_AddIntConstant (m, "ADMIT_TOO_LARGE", CQC_ADMIT_TOO_LARGE) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_NO_SLOT", CQC_ADMIT_NO_SLOT) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_CONFLICT", CQC_ADMIT_CONFLICT) < 0 ||
+       PyModule_AddIntConstant (m, "KIND_REBIND", CQC_KIND_REBIND) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_QUEUED", ADMIT_QUEUED) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_DROPPED", ADMIT_DROPPED) < 0 ||
        PyModule_AddIntConstant (m, "MODE_LOCAL", MODE_LOCAL) < 0 ||

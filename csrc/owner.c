@@ -72,8 +72,12 @@ admit_record (void *ctx, const cqc_ring_record_t *rec)
       o->keybuf = nb;
       o->keycap = klen;
    }
-   cqc_key_write (o->keybuf, rec->kind, tok.ns_idx, rec->filter, rec->flen, rec->rest, rec->rlen);
+   cqc_key_write (o->keybuf, (uint8_t) (rec->kind & ~CQC_KIND_REBIND), tok.ns_idx, rec->filter,
+                  rec->flen, rec->rest, rec->rlen);
    pthread_mutex_lock (o->w.lock);
+   if ((rec->kind & CQC_KIND_REBIND) && !rec->not_found) {
+      cqc_arena_w_rebind (a, &tok, rec->value, rec->vlen);
+   }
    cqc_arena_w_admit (a, &tok, cqc_hash_bytes (o->keybuf, klen, 0), o->keybuf, (uint32_t) klen,
                       rec->not_found ? NULL : rec->value, rec->not_found ? 0 : rec->vlen,
                       rec->not_found ? CQC_ENTRY_NOT_FOUND : 0);

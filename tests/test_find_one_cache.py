@@ -390,7 +390,7 @@ def _hold_back_one_admission(manager: CacheManager) -> list[tuple[Any, bytes, by
     held: list[tuple[Any, bytes, bytes | None]] = []
     real_admit = engine.admit
 
-    def hold(plan: Any, token: bytes, value: bytes | None) -> None:
+    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False) -> None:
         held.append((plan, token, value))
         engine.admit = real_admit  # only this one
 

@@ -411,3 +411,88 @@ def test_namespace_events_invalidate_every_kind_of_entry(manager, client, other_
         lambda: _state(src) == _state(raw.src) and _state(dst) == _state(raw.dst),
         what=f"the {event} reaches every entry",
     )
+
+
+# -- find_one by the fields of a unique index ----------------------------------------
+
+
+@pytest.fixture
+def users(manager, client, db_name):
+    raw = client[db_name].users
+    raw.create_index("email", unique=True)
+    raw.create_index([("org", 1), ("login", 1)], unique=True)
+    raw.create_index("team")  # not unique
+    raw.insert_many(
+        [
+            {"_id": 1, "email": "a@x", "org": "o1", "login": "ann", "team": "red", "n": 0},
+            {"_id": 2, "email": "b@x", "org": "o1", "login": "bob", "team": "red", "n": 0},
+        ]
+    )
+    return ready_collection(manager, db_name, "users"), raw
+
+
+def _apply(manager: CacheManager, db_name: str, write: Callable[[], Any]) -> None:
+    events = stream_of(manager, db_name).events
+    write()
+    wait_until(lambda: stream_of(manager, db_name).events > events, what="the write reaches the cache")
+
+
+def test_a_find_one_by_a_unique_key_survives_writes_to_other_documents(manager, users, other_client, db_name):
+    cached, raw = users
+    by_email = {"email": "a@x"}
+    by_login = {"login": "ann", "org": "o1"}  # the compound index, fields in another order
+    by_team = {"team": "red"}  # not unique: any write to the collection invalidates it
+    for f in (by_email, by_login, by_team):
+        assert cached.find_one(f) == raw.find_one(f)
+
+    _apply(manager, db_name, lambda: other_client[db_name].users.update_one({"_id": 2}, {"$inc": {"n": 1}}))
+    _apply(manager, db_name, lambda: other_client[db_name].users.insert_one({"_id": 3, "email": "c@x", "org": "o2", "login": "cy"}))
+
+    before = manager.snapshot()
+    assert cached.find_one(by_email)["_id"] == 1
+    assert cached.find_one(by_login)["_id"] == 1
+    assert cached.find_one(by_team) == raw.find_one(by_team)
+    after = manager.snapshot()
+    assert (after.hits - before.hits, after.misses - before.misses) == (2, 1)
+
+    # A write to the document itself invalidates its unique-key entries.
+    _apply(manager, db_name, lambda: other_client[db_name].users.update_one({"_id": 1}, {"$set": {"n": 5}}))
+    assert cached.find_one(by_email)["n"] == 5
+    assert cached.find_one(by_login)["n"] == 5
+    assert manager.snapshot().misses == after.misses + 2
+
+
+def test_a_unique_key_that_matched_nothing_is_invalidated_by_any_insert(manager, users, other_client, db_name):
+    cached, _ = users
+    assert cached.find_one({"email": "z@x"}) is None
+    assert cached.find_one({"email": "z@x"}) is None  # cached "not found"
+    _apply(manager, db_name, lambda: other_client[db_name].users.insert_one({"_id": 9, "email": "z@x", "org": "o9", "login": "z"}))
+    assert cached.find_one({"email": "z@x"})["_id"] == 9
+
+
+def test_a_unique_key_read_whose_projection_drops_the_id_is_not_an_alias(manager, users, other_client, db_name):
+    cached, _ = users
+    assert cached.find_one({"email": "a@x"}, {"_id": 0, "login": 1}) == {"login": "ann"}
+    _apply(manager, db_name, lambda: other_client[db_name].users.update_one({"_id": 2}, {"$inc": {"n": 1}}))
+    misses = manager.snapshot().misses
+    assert cached.find_one({"email": "a@x"}, {"_id": 0, "login": 1}) == {"login": "ann"}
+    assert manager.snapshot().misses == misses + 1
+
+
+def test_only_unique_indexes_that_find_one_document_by_equality_qualify():
+    from bson.int64 import Int64
+
+    from client_query_cache._core.engine import unique_field_sets
+
+    specs = [
+        {"key": {"_id": 1}, "name": "_id_"},
+        {"key": {"email": 1}, "unique": True},
+        {"key": {"a": -1, "b": Int64(1)}, "unique": True},
+        {"key": {"p": 1}, "unique": True, "partialFilterExpression": {"p": {"$exists": True}}},
+        {"key": {"s": 1}, "unique": True, "sparse": True},
+        {"key": {"h": "hashed"}, "unique": True},
+        {"key": {"c": 1}, "unique": True, "collation": {"locale": "fr"}},
+        {"key": {"d": 1}, "unique": True, "collation": {"locale": "simple"}},
+        {"key": {"t": 1}},
+    ]
+    assert unique_field_sets(specs) == {frozenset({"email"}), frozenset({"a", "b"}), frozenset({"d"})}

@@ -472,6 +472,30 @@ def test_counts_distinct_and_generic_find_one_are_shared_and_invalidated(
     assert manager.snapshot().misses == misses + len(reads)
 
 
+def test_a_unique_key_entry_admitted_through_the_owner_survives_writes_to_other_documents(
+    group, client, other_client, db_name
+):
+    client[db_name].users.create_index("email", unique=True)
+    seed(client, db_name, "users", [{"_id": 1, "email": "a@x"}, {"_id": 2, "email": "b@x"}])
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = manager[db_name]["users"]
+    assert manager.wait_ready(DEADLINE_S, database=db_name)
+    assert coll.find_one({"email": "a@x"}) == {"_id": 1, "email": "a@x"}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the owner applied the admission")
+
+    events = owner_stream(owner, db_name)["events"]
+    other_client[db_name].users.update_one({"_id": 2}, {"$set": {"seen": True}})
+    wait_events(owner, db_name, events + 1)
+    hits = manager.snapshot().hits
+    assert coll.find_one({"email": "a@x"}) == {"_id": 1, "email": "a@x"}
+    assert manager.snapshot().hits == hits + 1
+
+    other_client[db_name].users.update_one({"_id": 1}, {"$set": {"seen": True}})
+    wait_events(owner, db_name, events + 2)
+    assert coll.find_one({"email": "a@x"}) == {"_id": 1, "email": "a@x", "seen": True}
+
+
 def test_group_and_worker_snapshots(group, client, db_name):
     seed(client, db_name, "a", [{"_id": 1, "v": 1}])
     seed(client, db_name, "b", [{"_id": 1, "v": 1}])

@@ -24,12 +24,17 @@ left to the miss read, which raises what PyMongo raises.
 
 from __future__ import annotations
 
+import datetime
 import struct
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import bson
+from bson.binary import Binary
 from bson.codec_options import CodecOptions
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
 from bson.objectid import ObjectId
 from pymongo.read_preferences import ReadPreference
 
@@ -97,7 +102,7 @@ class ReadPlan:
     that reads misses (primary, majority, raw BSON).
     """
 
-    __slots__ = ("kind", "filter_bytes", "rest", "method", "args", "kwargs", "limit", "unlimited_rest")
+    __slots__ = ("kind", "filter_bytes", "rest", "method", "args", "kwargs", "limit", "unlimited_rest", "unique_fields")
 
     def __init__(
         self,
@@ -119,6 +124,11 @@ class ReadPlan:
         #: prefix serves this one).
         self.limit = 0
         self.unlimited_rest = rest
+        #: find_one whose filter is an equality on these fields only, with
+        #: values a unique index compares like the query does, and whose
+        #: result keeps its _id: if a unique index has exactly these fields,
+        #: the document found is the only one that can match.
+        self.unique_fields: frozenset[str] | None = None
 
     def unlimited(self) -> ReadPlan:
         """The same ``find`` without its limit."""
@@ -517,7 +527,20 @@ def _classify_find(
     if limit:
         plan.limit = limit
         plan.unlimited_rest = rest[: -len(b"L") - 8]
+    if kind == KIND_FIND_ONE and canonical and "_id" not in canonical and (
+        projection is None or projection.get("_id", True)
+    ):
+        if all(type(v) in _UNIQUE_VALUE_TYPES and not k.startswith("$") for k, v in canonical.items()):
+            plan.unique_fields = frozenset(canonical)
     return plan
+
+
+#: Filter values whose equality match is the unique index's key equality:
+#: not None (it also matches a missing field), arrays, documents or regular
+#: expressions.
+_UNIQUE_VALUE_TYPES = frozenset(
+    {int, float, str, bool, ObjectId, Int64, datetime.datetime, uuid.UUID, Binary, bytes, Decimal128}
+)
 
 
 def classify_aggregate(

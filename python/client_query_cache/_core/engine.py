@@ -46,6 +46,30 @@ decode_bson: Callable[[Any, Any], Any] = getattr(bson, "_bson_to_dict", bson.dec
 #: The same for a sequence of documents (a find or aggregate entry): a list.
 decode_documents: Callable[[Any, Any], list[Any]] = getattr(bson, "_decode_all", bson.decode_all)
 
+def unique_field_sets(indexes: Any) -> frozenset[frozenset[str]]:
+    """The field sets of the unique indexes whose equality match finds at
+    most one document under the simple collation: unique, not partial, not
+    sparse, ascending or descending keys only, simple or no collation. The
+    ``_id`` index is left out (those reads are identity reads already)."""
+    sets = set()
+    for spec in indexes:
+        key = spec.get("key") or {}
+        collation = spec.get("collation")
+        if (
+            not spec.get("unique")
+            or spec.get("partialFilterExpression") is not None
+            or spec.get("sparse")
+            or (collation and collation.get("locale", "simple") != "simple")
+            or not key
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (1, -1) for v in key.values())
+        ):
+            continue
+        fields = frozenset(key)
+        if fields != frozenset({"_id"}):
+            sets.add(fields)
+    return frozenset(sets)
+
+
 class Hooks:
     """Test hooks called on the miss path (None: nothing is called)."""
 
@@ -59,7 +83,7 @@ class Hooks:
 class NamespaceHandle:
     """One registered namespace and the verdict of its last probe."""
 
-    __slots__ = ("db", "coll", "ns_idx", "db_idx", "unavailable", "probe_key", "probe_verdict")
+    __slots__ = ("db", "coll", "ns_idx", "db_idx", "unavailable", "probe_key", "probe_verdict", "unique")
 
     def __init__(self, db: str, coll: str) -> None:
         self.db = db
@@ -69,6 +93,9 @@ class NamespaceHandle:
         self.unavailable = False
         self.probe_key: tuple[int, int] | None = None
         self.probe_verdict: BypassReason | None = None
+        #: (probe key, the field sets of the collection's unique indexes that
+        #: a find_one may be validated by), assigned as one tuple.
+        self.unique: tuple[tuple[int, int] | None, frozenset[frozenset[str]]] = (None, frozenset())
 
 
 class Engine:
@@ -263,9 +290,15 @@ class Engine:
         return self.native.ns_epoch(ns.ns_idx)
 
     def record_probe(
-        self, ns: NamespaceHandle, key: tuple[int, int], infos: list[Mapping[str, Any]]
+        self,
+        ns: NamespaceHandle,
+        key: tuple[int, int],
+        infos: list[Mapping[str, Any]],
+        indexes: list[Mapping[str, Any]] = (),  # type: ignore[assignment]
     ) -> None:
-        """Record a listCollections answer for ``ns`` (filtered by name)."""
+        """Record a listCollections answer for ``ns`` (filtered by name) and
+        its listIndexes answer."""
+        ns.unique = (key, unique_field_sets(indexes))
         if not infos:
             ns.probe_key, ns.probe_verdict = None, BypassReason.MISSING_COLLECTION
             return  # not remembered: the collection may appear at any time
@@ -279,6 +312,12 @@ class Engine:
         else:
             verdict = None
         ns.probe_key, ns.probe_verdict = key, verdict
+
+    def unique_key(self, ns: NamespaceHandle, key: tuple[int, int] | None, fields: frozenset[str] | None) -> bool:
+        """Whether ``fields`` are exactly those of a unique index of ``ns``,
+        as probed under ``key``."""
+        probed_under, sets = ns.unique
+        return fields is not None and probed_under == key and fields in sets
 
     def verdict(self, ns: NamespaceHandle, key: tuple[int, int]) -> BypassReason | None:
         """The bypass reason of the collection under ``key``, None if its reads
@@ -295,14 +334,18 @@ class Engine:
             return None
         return token
 
-    def admit(self, plan: ReadPlan, token: bytes, value: bytes | None) -> None:
-        """Admit a miss's result: its BSON, or None for "not found"."""
+    def admit(self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False) -> None:
+        """Admit a miss's result: its BSON, or None for "not found". With
+        ``rebind`` (a find_one by the fields of a unique index), the entry is
+        validated by the identity of the document found (see
+        cqc_arena_w_rebind)."""
         if value is not None and len(value) > self.max_entry_bytes:
             self._count_reject(RejectReason.OVERSIZE)
             return
         # Rejections by the arena are counted there (see snapshot()); a
         # worker's ring counts what it had to drop.
-        self.native.admit(token, plan.kind, plan.filter_bytes, plan.rest, value)
+        kind = plan.kind | _native.KIND_REBIND if rebind else plan.kind
+        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value)
 
     # -- state --------------------------------------------------------------
 

@@ -218,10 +218,11 @@ class CollectionCore:
         """The listCollections filter of a PROBE step."""
         return {"name": self.ns.coll}
 
-    def probed(self, step: Step, infos: list[Mapping[str, Any]]) -> Step:
-        """Continue after a PROBE step with the listCollections answer."""
+    def probed(self, step: Step, infos: list[Mapping[str, Any]], indexes: list[Mapping[str, Any]]) -> Step:
+        """Continue after a PROBE step with the listCollections answer and,
+        if the collection exists, its listIndexes answer."""
         assert step.plan is not None and step.key is not None
-        self.engine.record_probe(self.ns, step.key, infos)
+        self.engine.record_probe(self.ns, step.key, infos, indexes)
         return self._capture(step.plan, step.key)
 
     def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
@@ -259,8 +260,9 @@ class CollectionCore:
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
+        rebind = value is not None and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
         try:
-            self.engine.admit(plan, step.token, value)
+            self.engine.admit(plan, step.token, value, rebind)
         except CacheClosedError:
             pass  # closed while this read was in flight: return it, cache nothing
         if value is None:

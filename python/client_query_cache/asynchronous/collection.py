@@ -19,6 +19,14 @@ from .._core.read import Step, StepKind
 __all__ = ["AsyncCachedDatabase", "AsyncCachedCollection", "AsyncCachedCursor"]
 
 
+async def _probe(core: Any, step: Step) -> Step:
+    """A PROBE step's reads: the collection's listCollections entry and, if
+    it exists, its indexes."""
+    infos = await (await core.probe_db.list_collections(filter=core.probe_filter())).to_list(None)
+    indexes = await (await core.primary.list_indexes()).to_list(None) if infos else []
+    return core.probed(step, infos, indexes)
+
+
 class AsyncCachedCollection(CollectionBase):
     """A PyMongo ``AsyncCollection`` whose safe reads are served from the
     cache; the async twin of ``CachedCollection``."""
@@ -29,8 +37,7 @@ class AsyncCachedCollection(CollectionBase):
         """Drive a read's steps with the async client (a hit awaits nothing)."""
         core = self._core
         if step.kind is StepKind.PROBE:
-            cursor = await core.probe_db.list_collections(filter=core.probe_filter())
-            step = core.probed(step, await cursor.to_list(None))
+            step = await _probe(core, step)
         if step.kind is StepKind.READ:
             return core.finish(step, await core.miss_read(step))
         if step.kind is StepKind.HIT:
@@ -90,8 +97,7 @@ class AsyncCachedCursor(CursorBase):
         core = self._core
         step = self._first_step()
         if step.kind is StepKind.PROBE:
-            cursor = await core.probe_db.list_collections(filter=core.probe_filter())
-            step = core.probed(step, await cursor.to_list(None))
+            step = await _probe(core, step)
         if step.kind is StepKind.READ:
             source = core.miss_read(step)
             self._serve_read(step, await source if self._method == "aggregate" else source)

@@ -14,6 +14,14 @@ from .._core.read import Step, StepKind
 __all__ = ["CachedDatabase", "CachedCollection", "CachedCursor"]
 
 
+def _probe(core: Any, step: Step) -> Step:
+    """A PROBE step's reads: the collection's listCollections entry and, if
+    it exists, its indexes."""
+    infos = list(core.probe_db.list_collections(filter=core.probe_filter()))
+    indexes = list(core.primary.list_indexes()) if infos else []
+    return core.probed(step, infos, indexes)
+
+
 class CachedCollection(CollectionBase):
     """A PyMongo ``Collection`` whose safe reads are served from the cache.
 
@@ -30,8 +38,7 @@ class CachedCollection(CollectionBase):
         """Drive a read's steps with the sync client."""
         core = self._core
         if step.kind is StepKind.PROBE:
-            infos = list(core.probe_db.list_collections(filter=core.probe_filter()))
-            step = core.probed(step, infos)
+            step = _probe(core, step)
         if step.kind is StepKind.READ:
             return core.finish(step, core.miss_read(step))
         if step.kind is StepKind.HIT:
@@ -92,8 +99,7 @@ class CachedCursor(CursorBase):
         core = self._core
         step = self._first_step()
         if step.kind is StepKind.PROBE:
-            infos = list(core.probe_db.list_collections(filter=core.probe_filter()))
-            step = core.probed(step, infos)
+            step = _probe(core, step)
         if step.kind is StepKind.READ:
             self._serve_read(step, core.miss_read(step))
         elif step.kind is StepKind.HIT:
