@@ -13,11 +13,18 @@ results must be identical.
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
+
+# Hypothesis keeps files of its own even without an example database: in the
+# temporary directory, not in the checkout.
+set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "cqc-hypothesis"))
 
 from support import ready_collection, stream_of, wait_until
 
