@@ -156,10 +156,11 @@ def connections_named(client: pymongo.MongoClient, app_name: str) -> int:
 #: aggregate results are compared as lists.
 ARGUMENT_BYPASSES: list[tuple[BypassReason, str, str, tuple[Any, ...], dict[str, Any]]] = [
     (BypassReason.UNSUPPORTED_OPTION, "hint", "find_one", ({"v": "one"},), {"hint": [("_id", 1)]}),
-    (BypassReason.UNSUPPORTED_OPTION, "collation", "find_one", ({"v": "ONE"},), {"collation": {"locale": "en", "strength": 2}}),
+    (BypassReason.UNSUPPORTED_OPTION, "estimated_collation", "estimated_document_count", (), {"collation": {"locale": "en"}}),
     (BypassReason.UNSUPPORTED_OPTION, "two_positional", "find_one", ({"_id": 1}, None, 0), {}),
     (BypassReason.UNSUPPORTED_OPTION, "count_hint", "count_documents", ({},), {"hint": "_id_"}),
-    (BypassReason.UNSUPPORTED_OPTION, "distinct_collation", "distinct", ("v",), {"collation": {"locale": "en"}}),
+    (BypassReason.UNSUPPORTED_OPTION, "distinct_hint", "distinct", ("v",), {"hint": "_id_"}),
+    (BypassReason.UNSUPPORTED_OPTION, "aggregate_hint", "aggregate", ([{"$match": {"v": "one"}}],), {"hint": "_id_"}),
     (BypassReason.UNSUPPORTED_OPTION, "estimated_extra", "estimated_document_count", (), {"query": {"v": "one"}}),
     (BypassReason.UNSUPPORTED_OPTION, "find_hint", "find", ({"v": "one"},), {"hint": [("_id", 1)]}),
     (BypassReason.UNSUPPORTED_OPTION, "find_negative_limit", "find", ({},), {"limit": -1}),

@@ -602,12 +602,6 @@ async def _system_collection(ctx: Ctx) -> Any:
     return await _find_one({"_id": f"{ctx.db_name}.items_view"}, name="system.views")(ctx)
 
 
-async def _collation(ctx: Ctx) -> Any:
-    french = ctx.client[ctx.db_name].create_collection("french", collation={"locale": "fr"})
-    french.insert_one({"_id": "a", "v": "french"})
-    return await _find_one({"_id": "a"}, name="french")(ctx)
-
-
 async def _session(ctx: Ctx) -> Any:
     session = await ctx.stack.enter_async_context(ctx.async_client.start_session())
     cached, raw = await ctx.cached(), ctx.raw()
@@ -624,7 +618,6 @@ CASES = [
     Case(BypassReason.MISSING_COLLECTION, "absent", _find_one({"_id": 1}, name="absent"), misses=1),
     Case(BypassReason.UNSUPPORTED_COLLECTION, "view", _view, misses=1),
     Case(BypassReason.UNSUPPORTED_COLLECTION, "system", _system_collection),
-    Case(BypassReason.UNSUPPORTED_COLLECTION, "collation", _collation, misses=1),
     Case(
         BypassReason.READ_PREFERENCE,
         "secondary_preferred",

@@ -496,3 +496,67 @@ def test_only_unique_indexes_that_find_one_document_by_equality_qualify():
         {"key": {"t": 1}},
     ]
     assert unique_field_sets(specs) == {frozenset({"email"}), frozenset({"a", "b"}), frozenset({"d"})}
+
+
+# -- collations ---------------------------------------------------------------------
+#
+# The disposable server accepts collations but compares strings bytewise
+# whatever they say, so these tests compare with PyMongo's answers and check
+# the validation by its mechanism: under a collation even {"_id": v} is
+# validated by the namespace's write generation (a write to any document
+# reaches it), because the collation may match documents whose _id differs
+# from v.
+
+CI = {"locale": "en", "strength": 2}  # case-insensitive
+
+
+def test_an_explicit_collation_is_keyed_and_never_validated_by_an_identity(manager, client, other_client, db_name):
+    client[db_name].items.insert_many([{"_id": "a", "v": 1}, {"_id": "B", "v": 2}, {"_id": "c", "v": 3}])
+    cached = ready_collection(manager, db_name, "items")
+    raw = client[db_name].items
+    reads: list[Callable[[Any], Any]] = [
+        lambda c: c.find_one({"_id": "a"}, collation=CI),
+        lambda c: c.count_documents({"_id": {"$gte": "b"}}, collation=CI),
+        lambda c: sorted(c.distinct("v", {"_id": {"$in": ["A", "b"]}}, collation=CI)),
+        lambda c: c.find({"_id": {"$lt": "C"}}, sort=[("_id", 1)], collation=CI).to_list(),
+        lambda c: list(c.aggregate([{"$match": {"_id": "C"}}], collation=CI)),
+    ]
+    expected = [read(raw) for read in reads]
+    assert [read(cached) for read in reads] == expected
+    assert cached.find_one({"_id": "a"}) == raw.find_one({"_id": "a"})  # its own key: a miss
+    snap = manager.snapshot()
+    assert [read(cached) for read in reads] == expected
+    assert cached.find_one({"_id": "a"}) == raw.find_one({"_id": "a"})
+    after = manager.snapshot()
+    assert (after.hits - snap.hits, after.misses - snap.misses) == (len(reads) + 1, 0)
+
+    # A write to another document: the identity entry of "a" survives, the
+    # collated {"_id": "a"} does not.
+    events = stream_of(manager, db_name).events
+    other_client[db_name].items.update_one({"_id": "c"}, {"$set": {"v": 30}})
+    wait_until(lambda: stream_of(manager, db_name).events > events, what="the update reaches the cache")
+    hits, misses = manager.snapshot().hits, manager.snapshot().misses
+    assert cached.find_one({"_id": "a"}) == raw.find_one({"_id": "a"})
+    assert cached.find_one({"_id": "a"}, collation=CI) == raw.find_one({"_id": "a"}, collation=CI)
+    final = manager.snapshot()
+    assert (final.hits - hits, final.misses - misses) == (1, 1)
+    assert [read(cached) for read in reads] == [read(raw) for read in reads]
+
+
+def test_a_collection_with_a_default_collation_is_cached_under_it(manager, client, other_client, db_name):
+    raw = client[db_name].create_collection("ci", collation=CI)
+    raw.insert_many([{"_id": "A", "v": 1}, {"_id": "b", "v": 2}])
+    cached = ready_collection(manager, db_name, "ci")
+    for _ in range(2):
+        assert cached.find_one({"_id": "A"}) == raw.find_one({"_id": "A"})
+        assert cached.count_documents({"_id": "b"}) == raw.count_documents({"_id": "b"})
+    snap = manager.snapshot()
+    assert (snap.hits, snap.misses, dict(snap.bypasses)) == (2, 2, {})  # one lookup counted per read
+
+    # Read under the collection's collation, {"_id": "A"} is validated by the
+    # namespace: a write to "b" reaches it.
+    events = stream_of(manager, db_name).events
+    other_client[db_name].ci.update_one({"_id": "b"}, {"$set": {"v": 20}})
+    wait_until(lambda: stream_of(manager, db_name).events > events, what="the update reaches the cache")
+    assert cached.find_one({"_id": "A"}) == raw.find_one({"_id": "A"})
+    assert manager.snapshot().misses == snap.misses + 1

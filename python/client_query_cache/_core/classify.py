@@ -36,6 +36,8 @@ from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from pymongo.collation import Collation
 from pymongo.read_preferences import ReadPreference
 
 from .reasons import BypassReason
@@ -71,6 +73,7 @@ KIND_AGGREGATE = 6
 FAST_ID_TYPES = frozenset({int, str, ObjectId})
 
 _EMPTY_DOC = bson.encode({})
+_PLAIN: CodecOptions[Any] = CodecOptions()
 
 # find() options that change the result of find_one unless left at their
 # default; a non-default value bypasses. (sort and skip are part of the key.)
@@ -79,7 +82,6 @@ _RESULT_OPTIONS: dict[str, Any] = {
     "cursor_type": 0,
     "allow_partial_results": False,
     "oplog_replay": False,
-    "collation": None,
     "hint": None,
     "max_scan": None,
     "max": None,
@@ -102,7 +104,10 @@ class ReadPlan:
     that reads misses (primary, majority, raw BSON).
     """
 
-    __slots__ = ("kind", "filter_bytes", "rest", "method", "args", "kwargs", "limit", "unlimited_rest", "unique_fields")
+    __slots__ = (
+        "kind", "filter_bytes", "rest", "method", "args", "kwargs", "limit", "unlimited_rest",
+        "unique_fields", "collation",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -129,12 +134,33 @@ class ReadPlan:
         #: result keeps its _id: if a unique index has exactly these fields,
         #: the document found is the only one that can match.
         self.unique_fields: frozenset[str] | None = None
+        #: The collation the read runs under, if any (given, or the
+        #: collection's default): part of the filter bytes, see collated().
+        self.collation: Any = None
 
     def unlimited(self) -> ReadPlan:
         """The same ``find`` without its limit."""
-        args = self.args
         kwargs = {k: v for k, v in self.kwargs.items() if k != "limit"}
-        return ReadPlan(self.kind, self.filter_bytes, self.unlimited_rest, self.method, args, kwargs)
+        plan = ReadPlan(self.kind, self.filter_bytes, self.unlimited_rest, self.method, self.args, kwargs)
+        plan.collation = self.collation
+        return plan
+
+    def collated(self, collation: Any) -> ReadPlan | BypassReason:
+        """The same read under ``collation``: the key's filter part becomes
+        ``{"collation": ..., "filter": <filter>}``. That is never an identity
+        filter, so the entry is validated by the namespace's write
+        generation: under a collation, ``{"_id": "a"}`` also matches "A",
+        whose writes move another identity generation."""
+        if isinstance(collation, Collation):
+            collation = collation.document
+        if not isinstance(collation, Mapping):
+            return BypassReason.UNENCODABLE  # PyMongo raises its own TypeError
+        wrapped = _encode({"collation": collation, "filter": RawBSONDocument(self.filter_bytes)}, _PLAIN)
+        if wrapped is None:
+            return BypassReason.UNENCODABLE
+        plan = ReadPlan(self.kind, wrapped, self.rest, self.method, self.args, self.kwargs)
+        plan.limit, plan.unlimited_rest, plan.collation = self.limit, self.unlimited_rest, collation
+        return plan
 
 
 def collection_bypass(collection: Any) -> BypassReason | None:
@@ -412,15 +438,15 @@ def _plan_filter(
 
 
 def _neutral(kwargs: dict[str, Any], neutral: frozenset[str]) -> dict[str, Any] | BypassReason:
-    """Split off ``session`` (bypasses unless None), ``collation`` and
-    ``hint`` (bypass unless None), and check that every other keyword is
-    ``neutral``."""
+    """Split off ``session`` and ``hint`` (bypass unless None) and
+    ``collation`` unless it is ``neutral`` (then the caller keys it), and
+    check that every other keyword is ``neutral``."""
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
         if name == "session":
             if value is not None:
                 return BypassReason.SESSION
-        elif name in ("collation", "hint"):
+        elif name == "hint" or (name == "collation" and name not in neutral):
             if value is not None:
                 return BypassReason.UNSUPPORTED_OPTION
         elif name in neutral:
@@ -466,6 +492,7 @@ def _classify_find(
     sort: Any = None
     skip: Any = 0
     limit: Any = 0
+    collation: Any = None
     for name, value in kwargs.items():
         if name == "projection":
             if args:
@@ -480,6 +507,8 @@ def _classify_find(
             skip = value
         elif name == "limit" and kind == KIND_FIND:
             limit = value
+        elif name == "collation":
+            collation = value
         elif name in _NEUTRAL_OPTIONS:
             read_kwargs[name] = value
         elif name in _RESULT_OPTIONS:
@@ -527,6 +556,9 @@ def _classify_find(
     if limit:
         plan.limit = limit
         plan.unlimited_rest = rest[: -len(b"L") - 8]
+    if collation is not None:
+        read_kwargs["collation"] = collation
+        return plan.collated(collation)
     if kind == KIND_FIND_ONE and canonical and "_id" not in canonical and (
         projection is None or projection.get("_id", True)
     ):
@@ -556,7 +588,7 @@ def classify_aggregate(
         return reason
     kwargs = dict(kwargs)
     let = kwargs.pop("let", None)
-    neutral = _neutral(kwargs, frozenset({"comment", "batchSize", "maxTimeMS", "allowDiskUse"}))
+    neutral = _neutral(kwargs, frozenset({"comment", "batchSize", "maxTimeMS", "allowDiskUse", "collation"}))
     if isinstance(neutral, BypassReason):
         return neutral
     if let is not None:
@@ -573,7 +605,7 @@ def classify_aggregate(
         return BypassReason.UNENCODABLE
     # Not aggregate_raw_batches: PyMongo opens those with an empty first
     # batch, which costs a getMore round trip. The miss reads RawBSONDocuments.
-    return ReadPlan(KIND_AGGREGATE, filter_bytes, rest, "aggregate", (pipeline,), neutral)
+    return _with_collation(ReadPlan(KIND_AGGREGATE, filter_bytes, rest, "aggregate", (pipeline,), neutral))
 
 
 _COUNT_KEYED = ("skip", "limit")
@@ -587,7 +619,7 @@ def classify_count_documents(
         return BypassReason.UNSUPPORTED_OPTION
     keyed = {name: kwargs[name] for name in _COUNT_KEYED if name in kwargs}
     rest_kwargs = {k: v for k, v in kwargs.items() if k not in keyed}
-    neutral = _neutral(rest_kwargs, frozenset({"comment", "maxTimeMS"}))
+    neutral = _neutral(rest_kwargs, frozenset({"comment", "maxTimeMS", "collation"}))
     if isinstance(neutral, BypassReason):
         return neutral
     planned = _plan_filter(filter, codec_options)
@@ -597,8 +629,8 @@ def classify_count_documents(
     rest = _encode(keyed, codec_options) if keyed else b""
     if rest is None:
         return BypassReason.UNENCODABLE
-    return ReadPlan(
-        KIND_COUNT_DOCUMENTS, filter_bytes, rest, "count_documents", (canonical,), {**keyed, **neutral}
+    return _with_collation(
+        ReadPlan(KIND_COUNT_DOCUMENTS, filter_bytes, rest, "count_documents", (canonical,), {**keyed, **neutral})
     )
 
 
@@ -628,7 +660,7 @@ def classify_distinct(
             return BypassReason.UNKNOWN_OPTION  # given twice: PyMongo raises
         kwargs["filter"] = args[0]
     filter = kwargs.pop("filter", None)
-    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS"}))
+    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS", "collation"}))
     if isinstance(neutral, BypassReason):
         return neutral
     planned = _plan_filter({} if filter is None else filter, codec_options)
@@ -638,4 +670,11 @@ def classify_distinct(
     rest = _encode({"key": key}, codec_options)
     if rest is None:
         return BypassReason.UNENCODABLE
-    return ReadPlan(KIND_DISTINCT, filter_bytes, rest, "distinct", (key, canonical), neutral)
+    return _with_collation(ReadPlan(KIND_DISTINCT, filter_bytes, rest, "distinct", (key, canonical), neutral))
+
+
+def _with_collation(plan: ReadPlan) -> ReadPlan | BypassReason:
+    """Key a read that was given a ``collation`` (passed to the miss read in
+    its keyword arguments) under it."""
+    collation = plan.kwargs.get("collation")
+    return plan if collation is None else plan.collated(collation)

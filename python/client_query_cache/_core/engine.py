@@ -83,7 +83,10 @@ class Hooks:
 class NamespaceHandle:
     """One registered namespace and the verdict of its last probe."""
 
-    __slots__ = ("db", "coll", "ns_idx", "db_idx", "unavailable", "probe_key", "probe_verdict", "unique")
+    __slots__ = (
+        "db", "coll", "ns_idx", "db_idx", "unavailable", "probe_key", "probe_verdict", "unique",
+        "collation",
+    )  # fmt: skip
 
     def __init__(self, db: str, coll: str) -> None:
         self.db = db
@@ -96,6 +99,8 @@ class NamespaceHandle:
         #: (probe key, the field sets of the collection's unique indexes that
         #: a find_one may be validated by), assigned as one tuple.
         self.unique: tuple[tuple[int, int] | None, frozenset[frozenset[str]]] = (None, frozenset())
+        #: (probe key, the collection's default collation if not simple).
+        self.collation: tuple[tuple[int, int] | None, Any] = (None, None)
 
 
 class Engine:
@@ -277,9 +282,14 @@ class Engine:
         if result is not MISS:
             return result
         result = self.lookup(ns, plan, codec_options, plan.unlimited_rest)
+        self.uncount_miss()
+        return result
+
+    def uncount_miss(self) -> None:
+        """A lookup that missed was followed by another one for the same
+        read: only the second one counts."""
         with self._lock:
             self._carried["misses"] -= 1
-        return result
 
     def count_oversize(self) -> None:
         self._count_reject(RejectReason.OVERSIZE)
@@ -305,10 +315,10 @@ class Engine:
         info = infos[0]
         options = info.get("options") or {}
         collation = options.get("collation")
+        simple = not collation or collation.get("locale", "simple") == "simple"
+        ns.collation = (key, None if simple else dict(collation))
         if info.get("type", "collection") != "collection":
             verdict: BypassReason | None = BypassReason.UNSUPPORTED_COLLECTION
-        elif collation and collation.get("locale", "simple") != "simple":
-            verdict = BypassReason.UNSUPPORTED_COLLECTION
         else:
             verdict = None
         ns.probe_key, ns.probe_verdict = key, verdict
@@ -318,6 +328,16 @@ class Engine:
         as probed under ``key``."""
         probed_under, sets = ns.unique
         return fields is not None and probed_under == key and fields in sets
+
+    def default_collation(self, ns: NamespaceHandle, key: tuple[int, int] | None = None) -> Any:
+        """The collection's non-simple default collation as probed under
+        ``key`` (the current probe key if None), else None."""
+        probed_under, collation = ns.collation
+        if collation is None:
+            return None
+        if key is None:
+            key = self.ns_key(ns)
+        return collation if probed_under == key else None
 
     def verdict(self, ns: NamespaceHandle, key: tuple[int, int]) -> BypassReason | None:
         """The bypass reason of the collection under ``key``, None if its reads

@@ -186,6 +186,14 @@ class CollectionCore:
         reason = self.bypass
         if reason is None:
             plan = classify()
+            if type(plan) is ReadPlan and plan.collation is None and self.ns.collation[1] is not None:
+                # The collection's default collation keys (and validates) it.
+                default = self.engine.default_collation(self.ns)
+                if default is not None:
+                    plan = plan.collated(default)
+                    if looked_up is MISS:
+                        self.engine.uncount_miss()  # the fast path's lookup of the plain key
+                    looked_up = None
             if type(plan) is ReadPlan:
                 result = looked_up
                 if result is None:
@@ -228,6 +236,14 @@ class CollectionCore:
     def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
         engine = self.engine
         reason = engine.verdict(self.ns, key)
+        if reason is None and plan.collation is None:
+            default = engine.default_collation(self.ns, key)
+            if default is not None:
+                collated = plan.collated(default)  # probed just now: a collated collection
+                if type(collated) is not ReadPlan:
+                    engine.count_bypass(collated)
+                    return _BYPASS
+                plan = collated
         token = None if reason is not None else engine.capture(self.ns, plan, key)
         if token is None:
             engine.count_bypass(reason or BypassReason.STREAM_UNHEALTHY)
