@@ -560,3 +560,21 @@ def test_a_collection_with_a_default_collation_is_cached_under_it(manager, clien
     wait_until(lambda: stream_of(manager, db_name).events > events, what="the update reaches the cache")
     assert cached.find_one({"_id": "A"}) == raw.find_one({"_id": "A"})
     assert manager.snapshot().misses == snap.misses + 1
+
+
+def test_indexes_that_cannot_be_listed_only_disable_unique_key_aliases(manager, client, db_name, monkeypatch):
+    # e.g. a user without the listIndexes privilege: the read is still
+    # served and cached, as a plain namespace-validated entry.
+    from pymongo.collection import Collection
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise pymongo.errors.OperationFailure("not authorized", code=13)
+
+    monkeypatch.setattr(Collection, "list_indexes", refuse)
+    raw = client[db_name].users
+    raw.insert_one({"_id": 1, "email": "a@x"})
+    cached = ready_collection(manager, db_name, "users")
+    assert cached.find_one({"email": "a@x"}) == {"_id": 1, "email": "a@x"}
+    assert cached.find_one({"email": "a@x"}) == {"_id": 1, "email": "a@x"}
+    snap = manager.snapshot()
+    assert (snap.hits, snap.misses, dict(snap.bypasses)) == (1, 1, {})

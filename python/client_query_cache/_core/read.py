@@ -226,6 +226,12 @@ class CollectionCore:
         """The listCollections filter of a PROBE step."""
         return {"name": self.ns.coll}
 
+    @staticmethod
+    def lists_indexes(infos: list[Mapping[str, Any]]) -> bool:
+        """Whether a probe lists the indexes too: for a plain collection only
+        (a view's or a time-series collection's reads bypass anyway)."""
+        return bool(infos) and infos[0].get("type", "collection") == "collection"
+
     def probed(self, step: Step, infos: list[Mapping[str, Any]], indexes: list[Mapping[str, Any]]) -> Step:
         """Continue after a PROBE step with the listCollections answer and,
         if the collection exists, its listIndexes answer."""

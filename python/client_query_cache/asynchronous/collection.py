@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import OperationFailure
 
 from .._core.cursor import CursorBase
 from .._core.facade import CollectionBase, DatabaseBase
@@ -20,10 +21,16 @@ __all__ = ["AsyncCachedDatabase", "AsyncCachedCollection", "AsyncCachedCursor"]
 
 
 async def _probe(core: Any, step: Step) -> Step:
-    """A PROBE step's reads: the collection's listCollections entry and, if
-    it exists, its indexes."""
+    """A PROBE step's reads: the collection's listCollections entry and, for
+    a plain collection, its indexes (none if they cannot be listed: no
+    unique-key aliases then)."""
     infos = await (await core.probe_db.list_collections(filter=core.probe_filter())).to_list(None)
-    indexes = await (await core.primary.list_indexes()).to_list(None) if infos else []
+    indexes: list[Any] = []
+    if core.lists_indexes(infos):
+        try:
+            indexes = await (await core.primary.list_indexes()).to_list(None)
+        except OperationFailure:
+            pass
     return core.probed(step, infos, indexes)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pymongo.collection import Collection
+from pymongo.errors import OperationFailure
 
 from .._core.cursor import CursorBase
 from .._core.facade import CollectionBase, DatabaseBase
@@ -15,10 +16,16 @@ __all__ = ["CachedDatabase", "CachedCollection", "CachedCursor"]
 
 
 def _probe(core: Any, step: Step) -> Step:
-    """A PROBE step's reads: the collection's listCollections entry and, if
-    it exists, its indexes."""
+    """A PROBE step's reads: the collection's listCollections entry and, for
+    a plain collection, its indexes (none if they cannot be listed: no
+    unique-key aliases then)."""
     infos = list(core.probe_db.list_collections(filter=core.probe_filter()))
-    indexes = list(core.primary.list_indexes()) if infos else []
+    indexes: list[Any] = []
+    if core.lists_indexes(infos):
+        try:
+            indexes = list(core.primary.list_indexes())
+        except OperationFailure:
+            pass
     return core.probed(step, infos, indexes)
 
 
