@@ -82,9 +82,8 @@ class CursorBase:
         core = self._core
         if self._method == "find":
             return core.start_find(self._args, self._kwargs)
-        pipeline, *rest = self._args or (self._kwargs.get("pipeline"),)
-        kwargs = {k: v for k, v in self._kwargs.items() if k != "pipeline"}
-        return core.start_aggregate(pipeline, tuple(rest), kwargs)
+        pipeline, *rest = self._args  # aggregate(pipeline, *args, **kwargs)
+        return core.start_aggregate(pipeline, tuple(rest), self._kwargs)
 
     def _serve_hit(self, step: Step) -> None:
         self._docs = step.value

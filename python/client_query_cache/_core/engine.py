@@ -304,7 +304,7 @@ class Engine:
         ns: NamespaceHandle,
         key: tuple[int, int],
         infos: list[Mapping[str, Any]],
-        indexes: list[Mapping[str, Any]] = (),  # type: ignore[assignment]
+        indexes: list[Mapping[str, Any]],
     ) -> None:
         """Record a listCollections answer for ``ns`` (filtered by name) and
         its listIndexes answer."""
@@ -329,14 +329,10 @@ class Engine:
         probed_under, sets = ns.unique
         return fields is not None and probed_under == key and fields in sets
 
-    def default_collation(self, ns: NamespaceHandle, key: tuple[int, int] | None = None) -> Any:
+    def default_collation(self, ns: NamespaceHandle, key: tuple[int, int]) -> Any:
         """The collection's non-simple default collation as probed under
-        ``key`` (the current probe key if None), else None."""
+        ``key``, else None."""
         probed_under, collation = ns.collation
-        if collation is None:
-            return None
-        if key is None:
-            key = self.ns_key(ns)
         return collation if probed_under == key else None
 
     def verdict(self, ns: NamespaceHandle, key: tuple[int, int]) -> BypassReason | None:

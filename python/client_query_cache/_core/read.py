@@ -186,11 +186,10 @@ class CollectionCore:
         reason = self.bypass
         if reason is None:
             plan = classify()
-            if type(plan) is ReadPlan and plan.collation is None and self.ns.collation[1] is not None:
-                # The collection's default collation keys (and validates) it.
-                default = self.engine.default_collation(self.ns)
-                if default is not None:
-                    plan = plan.collated(default)
+            if type(plan) is ReadPlan and self.ns.collation[1] is not None:
+                collated = self._under_default_collation(plan, self.engine.ns_key(self.ns))
+                if collated is not plan:
+                    plan = collated
                     if looked_up is MISS:
                         self.engine.uncount_miss()  # the fast path's lookup of the plain key
                     looked_up = None
@@ -242,14 +241,14 @@ class CollectionCore:
     def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
         engine = self.engine
         reason = engine.verdict(self.ns, key)
-        if reason is None and plan.collation is None:
-            default = engine.default_collation(self.ns, key)
-            if default is not None:
-                collated = plan.collated(default)  # probed just now: a collated collection
-                if type(collated) is not ReadPlan:
-                    engine.count_bypass(collated)
-                    return _BYPASS
-                plan = collated
+        if reason is None:
+            # Looked up before the probe told of a default collation: key
+            # the read under it before its token is taken.
+            collated = self._under_default_collation(plan, key)
+            if type(collated) is not ReadPlan:
+                engine.count_bypass(collated)
+                return _BYPASS
+            plan = collated
         token = None if reason is not None else engine.capture(self.ns, plan, key)
         if token is None:
             engine.count_bypass(reason or BypassReason.STREAM_UNHEALTHY)
@@ -258,6 +257,16 @@ class CollectionCore:
         if hook is not None:
             hook()
         return Step(StepKind.READ, plan=plan, key=key, token=token)
+
+    def _under_default_collation(self, plan: ReadPlan, key: tuple[int, int]) -> ReadPlan | BypassReason:
+        """``plan`` keyed under the collection's non-simple default collation
+        as probed under ``key`` (``plan`` itself if it has a collation of its
+        own or the collection has none): such a read is never validated by an
+        identity generation."""
+        if plan.collation is not None:
+            return plan
+        default = self.engine.default_collation(self.ns, key)
+        return plan if default is None else plan.collated(default)
 
     def miss_read(self, step: Step) -> Any:
         """Start a READ step's MongoDB read: its result, or an awaitable of it
@@ -279,14 +288,8 @@ class CollectionCore:
             value = bson.encode({"v": result}, codec_options=_VALUES_CODEC)
         else:
             value = bson.encode({"n": result})
-        hook = self.engine.hooks.before_admit
-        if hook is not None:
-            hook()
         rebind = value is not None and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
-        try:
-            self.engine.admit(plan, step.token, value, rebind)
-        except CacheClosedError:
-            pass  # closed while this read was in flight: return it, cache nothing
+        self._admit(step, plan, value, rebind)
         if value is None:
             return None
         if kind == KIND_FIND_ONE or kind == KIND_DISTINCT:
@@ -306,13 +309,17 @@ class CollectionCore:
             return
         if plan.limit and count < plan.limit:
             plan = plan.unlimited()
+        self._admit(step, plan, b"".join(batches))
+
+    def _admit(self, step: Step, plan: ReadPlan, value: bytes | None, rebind: bool = False) -> None:
+        assert step.token is not None
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
         try:
-            self.engine.admit(plan, step.token, b"".join(batches))
+            self.engine.admit(plan, step.token, value, rebind)
         except CacheClosedError:
-            pass
+            pass  # closed while this read was in flight: return it, cache nothing
 
     def count_bypass(self, reason: BypassReason) -> None:
         self.engine.count_bypass(reason)
