@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
-#define CQC_LAYOUT_VERSION 2u
+#define CQC_LAYOUT_VERSION 3u
 
 #define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
 #define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
@@ -97,6 +97,13 @@ typedef struct {
    uint64_t events;      /* change events applied */
    uint64_t reconnects;
    uint64_t history_lost; /* times every entry was dropped for lost history */
+   /* Cluster time ((seconds << 32) | increment) up to which every write to
+    * the database is reflected: the last applied event's, or the time read
+    * before a stream opened without a resume token (its entries were dropped
+    * or never existed) once that stream is healthy. Stored with release
+    * order after the invalidation it covers; 0 until known. Never used by
+    * the cache itself: it lets a checker tell which writes a read must see. */
+   uint64_t applied_ts;
    char name[CQC_DB_NAME_MAX];
 } cqc_db_t;
 

@@ -1030,6 +1030,7 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
       cqc_stream_info_t info = {.state = CQC_STREAM_NOT_STARTED};
       bool stalled = false;
       uint32_t name_len;
+      uint64_t applied;
       cqc_stream_state_t seen = cqc_arena_r_db_state (&self->arena, i, &stalled);
       PyObject *d;
       if (self->streams && self->streams[i]) {
@@ -1044,7 +1045,7 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
          if (info.state > CQC_STREAM_CLOSED) {
             info.state = CQC_STREAM_FAILED;
          }
-         info.events = db->events;
+         info.events = __atomic_load_n (&db->events, __ATOMIC_ACQUIRE);
          info.reconnects = db->reconnects;
          info.history_lost = db->history_lost;
       }
@@ -1053,13 +1054,16 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
       if (name_len >= CQC_DB_NAME_MAX) {
          name_len = 0;
       }
-      d = Py_BuildValue ("{s:s#,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s}", "database",
+      applied = __atomic_load_n (&self->arena.dbs[i].applied_ts, __ATOMIC_ACQUIRE);
+      d = Py_BuildValue ("{s:s#,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s,s:(II)}", "database",
                          self->arena.dbs[i].name, (Py_ssize_t) name_len, "db_idx", i, "state", state_name (info.state),
                          "stalled", (stalled && seen != CQC_STREAM_HEALTHY) ? Py_True : Py_False,
                          "events", (unsigned long long) info.events, "reconnects",
                          (unsigned long long) info.reconnects, "history_lost",
                          (unsigned long long) info.history_lost, "incarnation",
-                         self->arena.dbs[i].incarnation, "last_error", info.last_error);
+                         self->arena.dbs[i].incarnation, "last_error", info.last_error,
+                         "applied_time", (unsigned int) (applied >> 32),
+                         (unsigned int) (applied & 0xffffffffu));
       if (!d || PyList_Append (list, d) < 0) {
          Py_XDECREF (d);
          Py_DECREF (list);

@@ -48,6 +48,7 @@ typedef struct {
    bool have_open_time;
    bool caught_up;
    bool ever_healthy;  /* entries can exist only once HEALTHY was published */
+   bool fresh;         /* opened without a resume token: nothing cached predates it */
 } follow_t;
 
 /* ======================================================================== */
@@ -131,6 +132,18 @@ ts_at_or_after (uint32_t t, uint32_t i, uint32_t ref_t, uint32_t ref_i)
    return t > ref_t || (t == ref_t && i >= ref_i);
 }
 
+/* Publish the cluster time up to which the database's writes are reflected
+ * (cqc_db_t.applied_ts). Caller holds the writer lock; never moves back. */
+static void
+publish_applied_w (cqc_stream_t *s, uint32_t t, uint32_t i)
+{
+   cqc_db_t *db = &s->w.arena->dbs[s->db_idx];
+   uint64_t ts = ((uint64_t) t << 32) | i;
+   if (ts > db->applied_ts) {
+      __atomic_store_n (&db->applied_ts, ts, __ATOMIC_RELEASE);
+   }
+}
+
 /* ======================================================================== */
 /* Applying events                                                          */
 /* ======================================================================== */
@@ -180,16 +193,17 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
    const char *db, *coll, *to_db, *to_coll;
    uint32_t db_len, coll_len, to_db_len, to_coll_len, ns_idx;
    bool invalidated = false;
+   bool have_time = false;
+   uint32_t ev_t = 0, ev_i = 0;
 
    if (bson_iter_init_find (&it, doc, "operationType") && BSON_ITER_HOLDS_UTF8 (&it)) {
       op = bson_iter_utf8 (&it, NULL);
    }
    get_ns (doc, "ns", &db, &db_len, &coll, &coll_len);
-   if (bson_iter_init_find (&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP (&it) &&
-       f->have_open_time) {
-      uint32_t t, i;
-      bson_iter_timestamp (&it, &t, &i);
-      if (ts_at_or_after (t, i, f->open_t, f->open_i)) {
+   if (bson_iter_init_find (&it, doc, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP (&it)) {
+      bson_iter_timestamp (&it, &ev_t, &ev_i);
+      have_time = true;
+      if (f->have_open_time && ts_at_or_after (ev_t, ev_i, f->open_t, f->open_i)) {
          f->caught_up = true;
       }
    }
@@ -230,7 +244,13 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
    } else {
       cqc_arena_w_invalidate_db (a, s->db_idx);
    }
-   a->dbs[s->db_idx].events++;
+   /* Published with release order after the invalidation above: a reader
+    * that sees the new count also sees the invalidation (the coherence
+    * checker relies on it). */
+   __atomic_store_n (&a->dbs[s->db_idx].events, a->dbs[s->db_idx].events + 1, __ATOMIC_RELEASE);
+   if (have_time) {
+      publish_applied_w (s, ev_t, ev_i);
+   }
    cqc_arena_w_progress (a, s->db_idx);
    pthread_mutex_unlock (s->w.lock);
 
@@ -350,6 +370,23 @@ save_token (follow_t *f, const bson_t *token, bool start_after)
    f->start_after = start_after;
 }
 
+/* The stream has caught up: serve again. A stream opened without a resume
+ * token starts with no entry older than it (they were dropped, or there were
+ * none), so every write up to the time read before opening is reflected. */
+static bool
+become_healthy (cqc_stream_t *s, follow_t *f, int64_t *backoff)
+{
+   if (f->fresh && f->have_open_time) {
+      pthread_mutex_lock (s->w.lock);
+      publish_applied_w (s, f->open_t, f->open_i);
+      pthread_mutex_unlock (s->w.lock);
+   }
+   set_state (s, CQC_STREAM_HEALTHY);
+   f->ever_healthy = true;
+   *backoff = 0;
+   return true;
+}
+
 /* Follow one opened stream until it errors, is invalidated or we stop.
  * Returns false with *error set on error. */
 static bool
@@ -378,9 +415,7 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_change_stream_t *cs, bson_error_t *
          }
          save_token (f, mongoc_change_stream_get_resume_token (cs), false);
          if (!healthy && f->caught_up) {
-            set_state (s, CQC_STREAM_HEALTHY);
-            healthy = f->ever_healthy = true;
-            *backoff = 0;
+            healthy = become_healthy (s, f, backoff);
          }
          if (should_stop (s)) {
             return true;
@@ -393,9 +428,7 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_change_stream_t *cs, bson_error_t *
       save_token (f, mongoc_change_stream_get_resume_token (cs), false);
       f->caught_up = true;
       if (!healthy) {
-         set_state (s, CQC_STREAM_HEALTHY);
-         healthy = f->ever_healthy = true;
-         *backoff = 0;
+         healthy = become_healthy (s, f, backoff);
       } else {
          pthread_mutex_lock (s->w.lock);
          cqc_arena_w_progress (s->w.arena, s->db_idx);
@@ -446,6 +479,7 @@ stream_main (void *arg)
       }
       read_open_time (client, &f);
       f.caught_up = false;
+      f.fresh = f.token == NULL;
       BSON_APPEND_INT64 (&opts, "maxAwaitTimeMS", s->max_await_ms);
       if (f.token) {
          BSON_APPEND_DOCUMENT (&opts, f.start_after ? "startAfter" : "resumeAfter", f.token);

@@ -25,6 +25,7 @@ from typing import Any
 
 import bson
 from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
 
 from .. import _native
 from .classify import KIND_FIND, ReadPlan
@@ -375,6 +376,7 @@ class Engine:
                 reconnects=s["reconnects"],
                 history_lost=s["history_lost"],
                 last_error=s["last_error"],
+                applied_time=Timestamp(*s["applied_time"]) if s["applied_time"][0] else None,
             )
             for s in self.native.streams()
         )

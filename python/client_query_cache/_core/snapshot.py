@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from bson.timestamp import Timestamp
+
 from .reasons import StreamState
 
 __all__ = ["CacheSnapshot", "StreamSnapshot"]
@@ -25,6 +27,10 @@ class StreamSnapshot:
     history_lost: int
     #: The last error, without credentials ("" if none).
     last_error: str
+    #: The cluster time up to which every write to the database is reflected
+    #: in the cache (the last change event applied, or the time a stream
+    #: opened afresh had caught up from); None until the first is known.
+    applied_time: Timestamp | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
