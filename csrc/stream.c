@@ -387,11 +387,25 @@ become_healthy (cqc_stream_t *s, follow_t *f, int64_t *backoff)
    return true;
 }
 
+/* Whether the stream was silent for longer than readers trust it (they
+ * stopped serving the database). What it delivers next is a backlog. */
+static bool
+silent_past_stall_bound (cqc_stream_t *s)
+{
+   const cqc_db_t *d = &s->w.arena->dbs[s->db_idx];
+   uint64_t now = cqc_now_ns ();
+   bool silent;
+   pthread_mutex_lock (s->w.lock);
+   silent = now > d->progress_ns + d->stall_ns;
+   pthread_mutex_unlock (s->w.lock);
+   return silent;
+}
+
 /* Follow one opened stream until it errors, is invalidated or we stop.
  * Returns false with *error set on error. */
 static bool
-follow (cqc_stream_t *s, follow_t *f, mongoc_change_stream_t *cs, bson_error_t *error,
-        int64_t *backoff)
+follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_stream_t *cs,
+        bson_error_t *error, int64_t *backoff)
 {
    const bson_t *doc;
    const bson_t *reply = NULL;
@@ -400,7 +414,18 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_change_stream_t *cs, bson_error_t *
    while (!should_stop (s)) {
       while (mongoc_change_stream_next (cs, &doc)) {
          bson_iter_t it;
-         bool invalidated = apply_event (s, f, doc);
+         bool invalidated;
+         if (healthy && silent_past_stall_bound (s)) {
+            /* Readers stopped serving; applying the first event of the
+             * backlog would make them serve entries whose invalidations are
+             * still queued behind it. Serve again once caught up with the
+             * deployment's time as of now. */
+            set_state (s, CQC_STREAM_RECONNECTING);
+            read_open_time (client, f);
+            f->caught_up = false;
+            healthy = false;
+         }
+         invalidated = apply_event (s, f, doc);
          if (invalidated) {
             if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_DOCUMENT (&it)) {
                bson_t id;
@@ -489,7 +514,7 @@ stream_main (void *arg)
       if (mongoc_change_stream_error_document (cs, &error, &reply)) {
          ok = false;
       } else {
-         ok = follow (s, &f, cs, &error, &backoff);
+         ok = follow (s, &f, client, cs, &error, &backoff);
       }
       mongoc_change_stream_destroy (cs);
       if (!ok && !should_stop (s)) {
