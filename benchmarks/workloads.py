@@ -694,10 +694,12 @@ class _Workers:
         self._watch_stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
 
-    def start(self, specs: Sequence[dict[str, Any]]) -> None:
+    def start(self, specs: Sequence[dict[str, Any]], target: Callable[..., None] | None = None) -> None:
+        """Spawn one process per spec running ``target(spec, counters, stop,
+        final, pace, barrier, results)`` (default: the invalidation worker)."""
         for spec in specs:
             p = self.ctx.Process(
-                target=_inv_worker_main,
+                target=target or _inv_worker_main,
                 args=(spec, self.counters, self.stop, self.final, self.pace, self.barrier, self.results),
                 name=f"wl-worker-{spec['index']}",
             )

@@ -9,8 +9,12 @@ environment variable MONGODB_URI (see client_query_cache.testing).
 
 from __future__ import annotations
 
+import shutil
+import stat
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pymongo
@@ -19,6 +23,20 @@ import pytest
 from client_query_cache import AsyncCacheManager, CacheManager
 from client_query_cache.testing import disposable_uri
 from support import TEST_MAX_AWAIT_MS
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh runtime directory (0700, short path: it holds unix sockets)
+    for this test's shared caches; spawned workers and owners inherit it."""
+    path = Path(tempfile.mkdtemp(prefix="cqc-rt-"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    monkeypatch.setenv("CQC_RUNTIME_DIR", str(path))
+    try:
+        yield path
+    finally:
+        path.chmod(0o700)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,10 @@ import multiprocessing
 import os
 import queue
 import select
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import uuid
@@ -342,19 +340,6 @@ class SharedGroup:
                 os.kill(owner.pid, signal.SIGCONT)  # a test may have paused it
             os.chmod(self.runtime, 0o700)  # a test may have opened it up
             owner.stop(timeout=10)
-
-
-@pytest.fixture
-def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh runtime directory (0700) for this test's shared caches."""
-    path = Path(tempfile.mkdtemp(prefix="cqc-rt-"))
-    assert stat.S_IMODE(path.stat().st_mode) == 0o700
-    monkeypatch.setenv("CQC_RUNTIME_DIR", str(path))
-    try:
-        yield path
-    finally:
-        path.chmod(0o700)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

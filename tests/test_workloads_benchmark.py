@@ -7,15 +7,11 @@ on records whose answer is known.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pymongo
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
@@ -23,18 +19,6 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ro
 
 from benchmarks import workloads  # noqa: E402
 from benchmarks._common import write_json  # noqa: E402
-
-
-@pytest.fixture
-def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh runtime directory (0700, short path: it holds unix sockets)
-    for this test's shared caches; spawned workers and owners inherit it."""
-    path = Path(tempfile.mkdtemp(prefix="cqc-rt-"))
-    monkeypatch.setenv("CQC_RUNTIME_DIR", str(path))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_tiny_run_writes_a_complete_report_without_stale_reads_after_the_bound(
