@@ -1,0 +1,40 @@
+"""Faults of the stream's link, its cursor and the server while the cache
+serves reads and a writer writes (``benchmarks.faults``): no stale read, no
+exception but PyMongo's own for a direct read, and caching resumes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import faults  # noqa: E402
+from client_query_cache.testing import external_uri  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    external_uri() is not None, reason="MONGODB_URI is set: the scenarios stop and break a local server"
+)
+
+#: Scheduling slack on a loaded 2-core machine.
+SLACK_MS = 600
+
+
+@pytest.mark.parametrize("name", list(faults.SCENARIOS))
+def test_a_fault_leads_to_bypass_and_recovery_never_to_a_stale_read(name: str) -> None:
+    result = faults.run_scenario(name)
+    assert faults.checks({"scenarios": [result]}) == []
+    assert result["stale_reads"] == 0 and result["other_errors"] == 0
+    assert result["hits"] > 0 and result["recovery_ms"] is not None
+    # A read never returns a version more than the stall bound after a newer
+    # one was acknowledged: a silent stream stops serving by then, and one
+    # that comes back does not serve again before its backlog is applied.
+    assert result["superseded_max_ms"] <= faults.STALL_BOUND_S * 1000 + SLACK_MS
+    if name == "history_lost":
+        assert result["history_lost"] == 1
+    if name == "server_restart":
+        assert result["writes_acked"] > 0
