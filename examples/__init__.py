@@ -1,0 +1,1 @@
+"""Runnable examples of client-query-cache (see examples/README.md)."""
