@@ -4,6 +4,7 @@ InMemoryMetricReader."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -202,3 +203,20 @@ def test_only_the_api_is_needed() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+def test_a_counter_never_reports_less_than_before_and_a_gauge_follows(otel: Any) -> None:
+    reader, provider = otel
+    fake = _CountingManager(_snapshot(hits=9))
+    instrument(fake, meter_provider=provider)
+    assert collect(reader)[("cqc.hits", frozenset())] == 9
+    # A snapshot taken between two steps of one read can count one more than
+    # the next: the counter holds its value instead of going back.
+    fake.value = dataclasses.replace(_snapshot(hits=8), used_bytes=100)
+    points = collect(reader)
+    assert points[("cqc.hits", frozenset())] == 9
+    assert points[("cqc.arena.used_bytes", frozenset())] == 100
+    fake.value = dataclasses.replace(_snapshot(hits=10), used_bytes=50)
+    points = collect(reader)
+    assert points[("cqc.hits", frozenset())] == 10
+    assert points[("cqc.arena.used_bytes", frozenset())] == 50

@@ -38,7 +38,9 @@ name                           kind            attributes                  snaps
 ``cqc.bypasses`` and ``cqc.rejected_admissions`` report every
 :class:`BypassReason` / :class:`RejectReason` (0 until it happens);
 ``cqc.stream.state`` reports 1 for a database's current state and 0 for the
-other states. See docs/operations.md for what each value means.
+other states. A counter never reports less than it reported before (a
+snapshot taken in the middle of a read can be one ahead of the next). See
+docs/operations.md for what each value means.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class CacheMetrics:
     meter (the OpenTelemetry API cannot remove them) but observe nothing.
     """
 
-    __slots__ = ("_manager", "_attributes", "_lock", "_snapshot", "_seen", "_closed", "instruments")
+    __slots__ = ("_manager", "_attributes", "_lock", "_snapshot", "_seen", "_closed", "_high", "instruments")
 
     def __init__(self, manager: Any, meter: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if not callable(getattr(manager, "snapshot", None)):
@@ -106,6 +108,9 @@ class CacheMetrics:
         #: reads one snapshot, whatever order the SDK calls callbacks in.
         self._seen: set[str] = set()
         self._closed = False
+        #: The highest value each counter series has reported: a counter
+        #: never reports less (see _monotonic).
+        self._high: dict[tuple[str, frozenset[tuple[str, Any]]], float] = {}
         observers: dict[str, Callable[[CacheSnapshot], Iterable[tuple[float, dict[str, Any]]]]] = {
             "cqc.hits": lambda s: [(s.hits, {})],
             "cqc.misses": lambda s: [(s.misses, {})],
@@ -125,9 +130,10 @@ class CacheMetrics:
         created = {}
         for name, (kind, unit, description) in INSTRUMENTS.items():
             factory = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
-            created[name] = factory(
-                name, callbacks=[self._callback(name, observers[name])], unit=unit, description=description
-            )
+            observe = observers[name]
+            if kind == "counter":
+                observe = self._monotonic(name, observe)
+            created[name] = factory(name, callbacks=[self._callback(name, observe)], unit=unit, description=description)
         #: name -> the OpenTelemetry instrument.
         self.instruments = created
 
@@ -142,6 +148,28 @@ class CacheMetrics:
             return [Observation(value, {**base, **attrs}) for value, attrs in observe(snapshot)]
 
         return callback
+
+    def _monotonic(
+        self, name: str, observe: Callable[[CacheSnapshot], Iterable[tuple[float, dict[str, Any]]]]
+    ) -> Callable[[CacheSnapshot], list[tuple[float, dict[str, Any]]]]:
+        """A counter's observations, never below what the series reported
+        before. A snapshot read while another thread is between two steps of
+        one read can count a miss that the next step takes back (a limited
+        ``find`` looks up two keys and counts one), or a shared-mode worker's
+        hits twice while it re-attaches; a metrics backend would take the
+        decrease that follows for a counter reset."""
+
+        def observe_monotonic(snapshot: CacheSnapshot) -> list[tuple[float, dict[str, Any]]]:
+            out = []
+            with self._lock:
+                for value, attrs in observe(snapshot):
+                    series = (name, frozenset(attrs.items()))
+                    value = max(value, self._high.get(series, value))
+                    self._high[series] = value
+                    out.append((value, attrs))
+            return out
+
+        return observe_monotonic
 
     def _current(self, name: str) -> CacheSnapshot | None:
         with self._lock:
