@@ -8,7 +8,8 @@ the collection probe, done with a sync or an async client.
 Miss protocol (coherence rule 1):
     1. ``lookup`` misses;
     2. ``probe_key`` / ``record_probe``: the collection is a plain collection
-       with the simple default collation, for the current namespace epoch;
+       (and its default collation and unique indexes are known) for the
+       current namespace epoch;
     3. ``capture`` takes the admission token (generations, stream health);
     4. the facade reads MongoDB at primary with majority read concern;
     5. ``admit`` stores the raw result only if the token is still current.

@@ -11,7 +11,8 @@ class BypassReason(str, enum.Enum):
     """Why a read went to PyMongo instead of the cache (counted per reason)."""
 
     #: A PyMongo option that changes the result and is not part of the key
-    #: (hint, collation, cursor options, ...), or extra positional arguments.
+    #: (hint, estimated_document_count's collation, cursor options, ...), or
+    #: extra positional arguments.
     UNSUPPORTED_OPTION = "unsupported_option"
     #: A keyword argument PyMongo's method does not know either.
     UNKNOWN_OPTION = "unknown_option"
@@ -42,8 +43,7 @@ class BypassReason(str, enum.Enum):
     #: Shared cache: the owner's heartbeat stopped (it died, hung or was
     #: stopped); the worker tries to attach to a new owner once a second.
     OWNER_UNAVAILABLE = "owner_unavailable"
-    #: A view, a time-series collection, a ``system.*`` collection or a
-    #: collection with a non-simple default collation.
+    #: A view, a time-series collection or a ``system.*`` collection.
     UNSUPPORTED_COLLECTION = "unsupported_collection"
     #: The collection does not exist (nothing is cached for it).
     MISSING_COLLECTION = "missing_collection"
