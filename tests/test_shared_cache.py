@@ -624,6 +624,77 @@ def test_workers_of_a_killed_owner_reattach_to_a_new_owner_of_the_same_name(
     wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}, what="the write is seen")
 
 
+def _hits_after_two_reads(manager: CacheManager, coll: Any, doc: dict[str, Any]) -> bool:
+    assert coll.find_one({"_id": doc["_id"]}) == doc
+    hits = manager.snapshot().hits
+    assert coll.find_one({"_id": doc["_id"]}) == doc
+    return manager.snapshot().hits > hits
+
+
+def test_a_hung_owner_never_holds_a_read_and_serving_resumes_when_it_does(group, client, db_name):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}])
+    seed(client, db_name, "fresh", [{"_id": 1, "f": 1}])
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the admission is applied")
+
+    os.kill(owner.pid, signal.SIGSTOP)  # it still accepts connections, and answers nothing
+    try:
+        wait_until(
+            lambda: coll.find_one({"_id": 1}) and manager.snapshot().bypasses.get(OWNER_UNAVAILABLE),
+            what="the manager notices the owner hangs",
+        )
+        # Neither a known collection nor one used for the first time waits
+        # for the hung owner (re-attaching runs in the background).
+        slowest = 0.0
+        for name, doc in (("items", {"_id": 1, "v": 1}), ("fresh", {"_id": 1, "f": 1})):
+            c = manager[db_name][name]
+            for _ in range(5):
+                started = time.monotonic()
+                assert c.find_one({"_id": 1}) == doc
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.2)
+        assert slowest < 1.0, f"a read waited {slowest:.1f} s for the hung owner"
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+
+    wait_until(lambda: _hits_after_two_reads(manager, coll, {"_id": 1, "v": 1}), what="hits again")
+    fresh = manager[db_name]["fresh"]
+    wait_until(
+        lambda: _hits_after_two_reads(manager, fresh, {"_id": 1, "f": 1}),
+        what="the collection first used while the owner hung is cached",
+    )
+    assert owner.snapshot()["attached_workers"] == 1
+
+
+def test_a_collection_first_used_while_the_owner_is_dead_is_cached_by_the_next_owner(
+    group, client, db_name
+):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}])
+    seed(client, db_name, "later", [{"_id": 1, "l": 1}])
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    os.kill(owner.pid, signal.SIGKILL)
+    wait_until(
+        lambda: coll.find_one({"_id": 1}) and manager.snapshot().bypasses.get(OWNER_UNAVAILABLE),
+        what="the manager notices the owner is gone",
+    )
+    later = manager[db_name]["later"]
+    assert later.find_one({"_id": 1}) == {"_id": 1, "l": 1}  # bypassed: nobody registers it
+
+    group.start_owner()
+    # Only the new collection is read from here on: it alone must find the
+    # new owner.
+    wait_until(
+        lambda: _hits_after_two_reads(manager, later, {"_id": 1, "l": 1}),
+        what="the collection first used while no owner ran is cached",
+    )
+
+
 def test_a_killed_worker_is_detached_and_the_others_are_undisturbed(
     group, client, other_client, db_name
 ):

@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import bson
@@ -41,6 +42,8 @@ __all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_document
 MISS = _native.MISS
 UNHEALTHY = _native.UNHEALTHY
 FALLBACK = _native.FALLBACK
+#: Seconds before a namespace the owner could not register is tried again.
+RETRY_S = 1.0
 
 #: The cheapest way to build a document from BSON bytes with given codec
 #: options: PyMongo's C decoder, without bson.decode's argument checks.
@@ -86,7 +89,7 @@ class NamespaceHandle:
     """One registered namespace and the verdict of its last probe."""
 
     __slots__ = (
-        "db", "coll", "ns_idx", "db_idx", "unavailable", "probe_key", "probe_verdict", "unique",
+        "db", "coll", "ns_idx", "db_idx", "unavailable", "retry_at", "probe_key", "probe_verdict", "unique",
         "collation",
     )  # fmt: skip
 
@@ -96,6 +99,8 @@ class NamespaceHandle:
         self.ns_idx = 0
         self.db_idx = 0
         self.unavailable = False
+        #: For an unavailable handle: when to try registering again (0: never).
+        self.retry_at = 0.0
         self.probe_key: tuple[int, int] | None = None
         self.probe_verdict: BypassReason | None = None
         #: (probe key, the field sets of the collection's unique indexes that
@@ -125,6 +130,7 @@ class Engine:
         self._deployment = deployment or {}
         self._reconnect = reconnect
         self._last_reattach = 0.0
+        self._reattaching = False
         self._carried = {"hits": 0, "misses": 0}
         self._segment: Any = None
         #: The ring file belongs to the process that created it: a forked
@@ -143,7 +149,7 @@ class Engine:
         if link is None:
             self.native = _native.Cache(uri=stream_uri, **common)
         else:
-            self.native = self._attach(link, self._deployment, common)
+            self.native, self._segment, self.max_entry_bytes = self._attach(link, self._deployment, common)
         self.hooks = Hooks()
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -151,8 +157,10 @@ class Engine:
         self._rejects: dict[str, int] = {}
         self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
 
-    def _attach(self, link: OwnerLink, deployment: dict[str, Any], common: dict[str, Any]) -> Any:
-        """Map the owner's arena, create this worker's ring and say hello."""
+    @staticmethod
+    def _attach(link: OwnerLink, deployment: dict[str, Any], common: dict[str, Any]) -> tuple[Any, Path, int]:
+        """Map the owner's arena, create this worker's ring and say hello:
+        (the native cache, the ring's path, the owner's max entry size)."""
         segment = ring_path(link.name)
         native = None
         try:
@@ -183,9 +191,7 @@ class Engine:
                 segment.unlink()
             link.close()
             raise
-        self.max_entry_bytes = int(reply["max_entry_bytes"])
-        self._segment = segment
-        return native
+        return native, segment, int(reply["max_entry_bytes"])
 
     # -- shared mode: losing and finding an owner ---------------------------
 
@@ -198,38 +204,61 @@ class Engine:
         beat = self.native.stats()["heartbeat_ns"]
         return time.monotonic_ns() - beat > geo["heartbeat_timeout_ns"]
 
-    def maybe_reattach(self) -> bool:
-        """Shared mode, owner lost: attach to a new owner of the same name
-        (at most one attempt a second). The old arena stays mapped until no
-        reader holds it; collections re-bind on their next slow-path read."""
+    def maybe_reattach(self) -> None:
+        """Shared mode, owner lost: look for a new owner of the same name in
+        a background thread (at most one attempt at a time, one a second), so
+        that no read waits for it: a hung owner still accepts connections and
+        would hold a read until the handshake times out. Reads bypass
+        meanwhile; once attached, collections re-bind on their next read."""
         if self._reconnect is None or self.closed or not self.owner_lost():
-            return False
+            return
         with self._lock:
             now = time.monotonic()
-            if now - self._last_reattach < 1.0:
-                return False
+            if self._reattaching or now - self._last_reattach < 1.0:
+                return
+            self._reattaching = True
             self._last_reattach = now
+        try:
+            threading.Thread(target=self._reattach, name="cqc-reattach", daemon=True).start()
+        except BaseException:
+            self._reattaching = False
+            raise
+
+    def _reattach(self) -> None:
+        """The attempt itself (a background thread). The old arena stays
+        mapped until no reader holds it."""
+        try:
             try:
-                link = self._reconnect()
-            except SharedCacheError:
-                return False
-            old_native, old_link, old_segment = self.native, self.link, self._segment
-            try:
-                native = self._attach(link, self._deployment, self._common)
+                link = self._reconnect()  # type: ignore[misc]
+                native, segment, max_entry_bytes = self._attach(link, self._deployment, self._common)
             except (SharedCacheError, OSError, ValueError):
-                return False
-            stats = old_native.stats()
-            self._carried["hits"] += stats["hits"]
-            self._carried["misses"] += stats["misses"]
-            self.native, self.link = native, link
-            self._namespaces = {}
-            self.generation += 1
-        if old_link is not None:
-            old_link.close()
-        if old_segment is not None:
-            with contextlib.suppress(FileNotFoundError):
-                old_segment.unlink()  # the dead owner could not remove it
-        return True
+                return
+            with self._lock:
+                # The old owner came back (it was paused, not dead), or the
+                # manager was closed meanwhile: keep what there is.
+                keep = self.closed or not self.owner_lost()
+                if not keep:
+                    old_native, old_link, old_segment = self.native, self.link, self._segment
+                    stats = old_native.stats()
+                    self._carried["hits"] += stats["hits"]
+                    self._carried["misses"] += stats["misses"]
+                    self.native, self.link, self._segment = native, link, segment
+                    self.max_entry_bytes = max_entry_bytes
+                    self._namespaces = {}
+                    self.generation += 1
+            if keep:
+                native.close()
+                link.close()
+                with contextlib.suppress(FileNotFoundError):
+                    segment.unlink()
+                return
+            if old_link is not None:
+                old_link.close()
+            if old_segment is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    old_segment.unlink()  # the dead owner could not remove it
+        finally:
+            self._reattaching = False
 
     # -- namespaces ---------------------------------------------------------
 
@@ -240,6 +269,11 @@ class Engine:
         handle = self._namespaces.get(key)
         if handle is not None:
             return handle
+        if self.link is not None and self.owner_lost():
+            # Not even asked: a hung owner would hold this read. Tried
+            # again once a new owner is attached (or this one is back).
+            self.maybe_reattach()
+            return self._unavailable_for_now(db, coll)
         with self._lock:
             handle = self._namespaces.get(key)
             if handle is None:
@@ -250,9 +284,19 @@ class Engine:
                     else:
                         reply = self.link.request("register", db=db, coll=coll)
                         handle.ns_idx, handle.db_idx = int(reply["ns_idx"]), int(reply["db_idx"])
-                except (ValueError, SharedCacheError):
-                    handle.unavailable = True  # table full, name too long, owner gone
+                except ValueError:
+                    handle.unavailable = True  # table full, name too long: for good
+                except SharedCacheError:
+                    return self._unavailable_for_now(db, coll)  # the owner is gone or hung
                 self._namespaces[key] = handle
+        return handle
+
+    @staticmethod
+    def _unavailable_for_now(db: str, coll: str) -> NamespaceHandle:
+        """A handle that bypasses and is registered again after RETRY_S."""
+        handle = NamespaceHandle(db, coll)
+        handle.unavailable = True
+        handle.retry_at = time.monotonic() + RETRY_S
         return handle
 
     # -- counters -----------------------------------------------------------

@@ -24,6 +24,7 @@ like PyMongo decodes the reply.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -179,7 +180,11 @@ class CollectionCore:
         return self._start(lambda: classify_aggregate(pipeline, args, kwargs, self.codec))
 
     def _start(self, classify: Callable[[], ReadPlan | BypassReason], looked_up: Any = None) -> Step:
-        if self.generation != self.engine.generation:
+        if self.generation != self.engine.generation or (
+            self.ns.retry_at and time.monotonic() >= self.ns.retry_at
+        ):
+            # A new owner, or a registration the owner could not answer
+            # (gone or hung) is due to be tried again.
             self._bind()
             looked_up = None  # that lookup was in the old owner's arena
         self.native.check()  # CacheClosedError, CacheForkedError

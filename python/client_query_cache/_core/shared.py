@@ -57,6 +57,8 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: resident (shared memory): rings are kept no larger than that.
 MIN_RING_BYTES = 1024 * 1024
 RECORD_HEADROOM_BYTES = 64 * 1024
+#: Seconds a worker waits for its owner's answer to one request.
+REQUEST_TIMEOUT_S = 5.0
 
 
 def ring_bytes_for(max_entry_bytes: int) -> int:
@@ -175,7 +177,9 @@ class OwnerLink:
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._sock.settimeout(30.0)
+            # The owner answers at once; a longer wait means it hangs, and
+            # a request may hold a read (registering a collection) that long.
+            self._sock.settimeout(REQUEST_TIMEOUT_S)
             self._sock.connect(str(self.paths["sock"]))
             if peer_uid(self._sock) != os.getuid():
                 raise SharedCacheError(f"the owner of {name!r} runs as another user; refusing to attach")
