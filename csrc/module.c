@@ -130,6 +130,20 @@ check_usable (CacheObject *self)
    return true;
 }
 
+/* Give a new shared file its full size, with every block reserved now: on a
+ * tmpfs (/dev/shm) a sparse file whose pages cannot be allocated later kills
+ * the process that first writes them with SIGBUS. Falls back to a sparse
+ * file where the filesystem cannot reserve. Returns 0 or an errno value. */
+static int
+size_shared_file (int fd, uint64_t size)
+{
+   int rc = posix_fallocate (fd, 0, (off_t) size);
+   if (rc == EOPNOTSUPP || rc == EINVAL) {
+      rc = ftruncate (fd, (off_t) size) == 0 ? 0 : errno;
+   }
+   return rc;
+}
+
 /* MODE_OWNER: create the arena file (owner-only) and map it shared. */
 static void *
 create_shared (const char *path, uint64_t size)
@@ -140,7 +154,7 @@ create_shared (const char *path, uint64_t size)
       PyErr_SetFromErrnoWithFilename (PyExc_OSError, path);
       return MAP_FAILED;
    }
-   if (ftruncate (fd, (off_t) size) != 0) {
+   if ((errno = size_shared_file (fd, size)) != 0) {
       PyErr_SetFromErrnoWithFilename (PyExc_OSError, path);
       close (fd);
       unlink (path);
@@ -218,7 +232,7 @@ attach_worker (CacheObject *self, const char *arena_path, const char *segment_pa
       PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
       goto fail;
    }
-   if (ftruncate (fd, (off_t) ring_bytes) != 0) {
+   if ((errno = size_shared_file (fd, ring_bytes)) != 0) {
       PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
       unlink (segment_path);
       goto fail;

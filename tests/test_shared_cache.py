@@ -695,6 +695,39 @@ def test_a_collection_first_used_while_the_owner_is_dead_is_cached_by_the_next_o
     )
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs (a small /dev/shm, as containers have) to hold a
+    runtime directory; needs the right to mount (root)."""
+    where = tmp_path / "shm"
+    where.mkdir(mode=0o700)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_an_arena_larger_than_its_filesystem_fails_the_owner_at_start(
+    small_tmpfs: Path, server_uri: str, monkeypatch: pytest.MonkeyPatch
+):
+    # A sparse arena file would start, then die of SIGBUS once its entries
+    # outgrow the filesystem; its blocks are reserved at creation instead.
+    monkeypatch.setenv("CQC_RUNTIME_DIR", str(small_tmpfs))
+    with pytest.raises(SharedCacheError, match="No space left on device"):
+        SharedCache.start("small", server_uri, budget_bytes=32 * 1024 * 1024)
+    assert not list(small_tmpfs.glob("small.arena")), "the arena file is removed"
+    owner = SharedCache.start("fits", server_uri, budget_bytes=4 * 1024 * 1024)
+    try:
+        assert owner.snapshot()["budget_bytes"] == 4 * 1024 * 1024
+    finally:
+        owner.stop(timeout=10)
+
+
 def test_a_killed_worker_is_detached_and_the_others_are_undisturbed(
     group, client, other_client, db_name
 ):
