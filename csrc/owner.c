@@ -107,6 +107,26 @@ sleep_ns (uint64_t ns)
 #define DRAIN_IDLE_NS 10000000ull
 #define DRAIN_IDLE_AFTER_NS 1000000000ull
 
+/* The owner was frozen (stopped, starved) past the heartbeat timeout:
+ * workers stopped trusting it, and its streams' backlog may hold
+ * invalidations of writes acknowledged meanwhile. Demote every healthy
+ * database before the heartbeat is fresh again; each follower serves again
+ * once it has caught up (stream.c). */
+static void
+demote_after_freeze (cqc_owner_t *o)
+{
+   cqc_arena_t *a = o->w.arena;
+   uint32_t i;
+
+   pthread_mutex_lock (o->w.lock);
+   for (i = 0; i < a->geo.db_count && a->dbs[i].used; i++) {
+      if (a->dbs[i].health == CQC_STREAM_HEALTHY) {
+         cqc_arena_w_set_health (a, i, CQC_STREAM_RECONNECTING);
+      }
+   }
+   pthread_mutex_unlock (o->w.lock);
+}
+
 static void *
 drain_main (void *arg)
 {
@@ -131,6 +151,9 @@ drain_main (void *arg)
 
       now = cqc_now_ns ();
       if (now - last_beat >= CQC_HEARTBEAT_PERIOD_NS) {
+         if (last_beat && now - last_beat > o->w.arena->hdr->heartbeat_timeout_ns) {
+            demote_after_freeze (o);
+         }
          __atomic_store_n (&o->w.arena->hdr->heartbeat_ns, now, __ATOMIC_RELEASE);
          last_beat = now;
       }

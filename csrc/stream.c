@@ -387,18 +387,33 @@ become_healthy (cqc_stream_t *s, follow_t *f, int64_t *backoff)
    return true;
 }
 
-/* Whether the stream was silent for longer than readers trust it (they
- * stopped serving the database). What it delivers next is a backlog. */
+/* Whether readers stopped trusting this stream while it believed itself
+ * healthy: it was silent for longer than the stall bound, or the owner
+ * demoted it after being frozen past its heartbeat timeout (owner.c). What
+ * it delivers next is a backlog. */
 static bool
-silent_past_stall_bound (cqc_stream_t *s)
+distrusted (cqc_stream_t *s)
 {
    const cqc_db_t *d = &s->w.arena->dbs[s->db_idx];
    uint64_t now = cqc_now_ns ();
-   bool silent;
+   bool silent, demoted;
    pthread_mutex_lock (s->w.lock);
    silent = now > d->progress_ns + d->stall_ns;
+   demoted = d->health != CQC_STREAM_HEALTHY;
    pthread_mutex_unlock (s->w.lock);
-   return silent;
+   return silent || demoted;
+}
+
+/* Applying the first event of a backlog would make readers serve entries
+ * whose invalidations are still queued behind it: stop serving, read the
+ * deployment's time as of now, and serve again once caught up with it (an
+ * event at or after it, or an empty batch from a later getMore). */
+static void
+catch_up_first (cqc_stream_t *s, follow_t *f, mongoc_client_t *client)
+{
+   set_state (s, CQC_STREAM_RECONNECTING);
+   read_open_time (client, f);
+   f->caught_up = false;
 }
 
 /* Follow one opened stream until it errors, is invalidated or we stop.
@@ -415,14 +430,8 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
       while (mongoc_change_stream_next (cs, &doc)) {
          bson_iter_t it;
          bool invalidated;
-         if (healthy && silent_past_stall_bound (s)) {
-            /* Readers stopped serving; applying the first event of the
-             * backlog would make them serve entries whose invalidations are
-             * still queued behind it. Serve again once caught up with the
-             * deployment's time as of now. */
-            set_state (s, CQC_STREAM_RECONNECTING);
-            read_open_time (client, f);
-            f->caught_up = false;
+         if (healthy && distrusted (s)) {
+            catch_up_first (s, f, client);
             healthy = false;
          }
          invalidated = apply_event (s, f, doc);
@@ -451,6 +460,12 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
       }
       /* An empty batch: caught up with the server. */
       save_token (f, mongoc_change_stream_get_resume_token (cs), false);
+      if (healthy && distrusted (s)) {
+         /* This batch may predate the pause: the next one tells. */
+         catch_up_first (s, f, client);
+         healthy = false;
+         continue;
+      }
       f->caught_up = true;
       if (!healthy) {
          healthy = become_healthy (s, f, backoff);
