@@ -1,17 +1,21 @@
-"""Fault injection: faults of the link, the stream and the server while a
-cache serves reads and a writer writes; every read checked for staleness.
+"""Fault injection: faults of the link, the stream, the server, the owner and
+the workers while a cache serves reads and a writer writes; every read
+checked for staleness.
 
 Each scenario gets a disposable server of its own (on-disk storage, a fixed
 port, an oplog of 5 entries after an explicit prune) and a ``FaultProxy``
 between the cache's change stream and the server (``stream_uri=``), while the
-cache's reads and the writer go to the server directly. One process-local
-``CacheManager`` (``max_await_time_ms`` 200, so the stall bound is 2.4 s)
-reads 8 documents by ``_id`` in a loop; a writer thread updates them every
-10 ms with a growing ``version``. The oracle is that of
-``benchmarks.coherence``: before each read the cache's applied cluster time is
-read, and a read must not return an older version than the newest write at or
-before it. A write whose acknowledgement was lost (the server went away) may
-appear or not, but no version that was never sent may.
+cache's reads and the writer go to the server directly. A reader thread reads
+8 documents by ``_id`` through the cache in a loop, with
+``max_await_time_ms`` 200 (so the stall bound is 2.4 s); a writer thread
+updates one every 10 ms with a growing ``version``. Link, stream and server
+scenarios use a process-local ``CacheManager``; owner and worker scenarios a
+shared cache (an owner, and this process attached to it as a worker). The
+oracle is that of ``benchmarks.coherence``: before each read the cache's
+applied cluster time is read, and a read must not return an older version
+than the newest write at or before it. A write whose acknowledgement was lost
+(the server went away) may appear or not, but no version that was never sent
+may.
 
 The scenarios (timeline: warm up, 0.5 s of normal service, the fault, the
 heal, then reads until the cache serves a hit again and 0.5 s more):
@@ -28,12 +32,24 @@ heal, then reads until the cache serves a hit again and 0.5 s more):
                   so the stream cannot resume; 1 s
   unreachable_at_start  the server is down when the manager is created and
                   comes up 1 s later
+  owner_killed    the owner gets SIGKILL; a new owner of the same name is
+                  started 1 s later (the worker finds it by itself)
+  owner_hung      the owner is stopped (SIGSTOP) for 2 s, then continued
+  worker_killed   another worker, admitting all the time (queries missed
+                  after every write), gets SIGKILL three times, each time
+                  at a random point of its work (a new one is started after
+                  each kill)
+  ring_full       documents of 200 KB; the owner is stopped for 1 s, so the
+                  worker's ring fills and its admissions are dropped
+  arena_full      documents of 32 KB, 64 of them, through a 1 MiB arena:
+                  eviction all the time, for 2 s
 
 Per scenario: reads, hits, reads that raised PyMongo's errors, any other
 exception (must be none), stale reads (must be 0), the longest time a read
 returned a version after a newer one had been acknowledged ("superseded"; up
 to the stall bound while a stalled stream is not yet detected, by design),
-and the recovery time: from the heal to the first hit.
+admissions the cache refused or dropped, and the recovery time: from the heal
+to the first hit.
 
     python -m benchmarks.faults [--json out.json] [--scenarios cut,stall]
 
@@ -43,12 +59,19 @@ Exit status 1 if a check fails. Needs a local server (not MONGODB_URI).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import multiprocessing
+import os
 import random
+import secrets
+import shutil
+import signal
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pymongo
@@ -69,6 +92,7 @@ NORMAL_S = 0.5
 AFTER_S = 0.5
 NEVER = (1 << 63) - 1
 MAX_EXAMPLES = 5
+KiB = 1024
 
 
 class FaultRunFailed(RuntimeError):
@@ -82,6 +106,17 @@ class Context:
     admin: pymongo.MongoClient[Any]
     db: str = "faults"
     coll: str = "docs"
+    #: Shared scenarios: the owner, its name and options.
+    owner: Any = None
+    owner_name: str = ""
+    owner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Spawned worker processes (worker_killed).
+    workers: list[Any] = dataclasses.field(default_factory=list)
+
+    def start_owner(self) -> None:
+        from client_query_cache import SharedCache
+
+        self.owner = SharedCache.start(self.owner_name, self.server.uri, **self.owner_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +127,18 @@ class Scenario:
     duration_s: float
     #: The server is down when the manager is created.
     down_at_start: bool = False
+    #: A shared cache (owner + this process as a worker) instead of a local one.
+    shared: bool = False
+    #: Bytes of padding per document.
+    pad_bytes: int = 0
+    docs: int = DOCS
+    budget_bytes: int = 32 * 1024 * KiB
+    max_entry_bytes: int = 1024 * KiB
+    #: Warm up until every document hits (False: the arena cannot hold them
+    #: all; one pass).
+    warm_all: bool = True
+    #: Called after the warm-up, before the normal period.
+    prepare: Callable[[Context], None] | None = None
 
 
 def _cut(ctx: Context) -> None:
@@ -140,6 +187,48 @@ def _lose_history(ctx: Context) -> None:
         raise FaultRunFailed("the oplog was not pruned")
 
 
+def _kill_owner(ctx: Context) -> None:
+    os.kill(ctx.owner.pid, signal.SIGKILL)
+
+
+def _new_owner(ctx: Context) -> None:
+    ctx.start_owner()
+
+
+def _stop_owner_process(ctx: Context) -> None:
+    os.kill(ctx.owner.pid, signal.SIGSTOP)
+
+
+def _continue_owner(ctx: Context) -> None:
+    os.kill(ctx.owner.pid, signal.SIGCONT)
+
+
+def _spawn_admitting_worker(ctx: Context) -> None:
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_admitting_worker,
+        args=(ctx.owner_name, ctx.server.uri, ctx.db, ctx.coll, os.environ.get("CQC_RUNTIME_DIR", "")),
+        daemon=True,
+    )
+    proc.start()
+    ctx.workers.append(proc)
+    deadline = time.monotonic() + 30
+    while ctx.owner.snapshot()["attached_workers"] < 2:  # this process and it
+        if time.monotonic() > deadline or not proc.is_alive():
+            raise FaultRunFailed("the admitting worker did not attach")
+        time.sleep(0.05)
+
+
+def _kill_admitting_workers(ctx: Context) -> None:
+    rng = random.Random(len(ctx.workers))
+    for round_ in range(3):
+        time.sleep(rng.uniform(0.05, 0.3))  # somewhere in its loop of admissions
+        proc = ctx.workers[-1]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        if round_ < 2:
+            _spawn_admitting_worker(ctx)
+
+
 def _nothing(ctx: Context) -> None:
     del ctx
 
@@ -154,8 +243,53 @@ SCENARIOS = {
         Scenario("server_restart", _stop_server, _start_server, 1.0),
         Scenario("history_lost", _lose_history, _heal_proxy, 1.0),
         Scenario("unreachable_at_start", _nothing, _start_server, 1.0, down_at_start=True),
+        Scenario("owner_killed", _kill_owner, _new_owner, 1.0, shared=True),
+        Scenario("owner_hung", _stop_owner_process, _continue_owner, 2.0, shared=True),
+        Scenario(
+            "worker_killed", _kill_admitting_workers, _nothing, 0.0, shared=True, prepare=_spawn_admitting_worker
+        ),
+        Scenario(
+            "ring_full",
+            _stop_owner_process,
+            _continue_owner,
+            1.0,
+            shared=True,
+            pad_bytes=200 * KiB,
+            docs=12,
+            max_entry_bytes=256 * KiB,
+        ),
+        Scenario(
+            "arena_full",
+            _nothing,
+            _nothing,
+            2.0,
+            shared=True,
+            pad_bytes=32 * KiB,
+            docs=64,
+            budget_bytes=1024 * KiB,
+            max_entry_bytes=64 * KiB,
+            warm_all=False,
+        ),
     )
 }
+
+
+def _admitting_worker(name: str, uri: str, db: str, coll: str, runtime_dir: str) -> None:
+    """A spawned worker that admits all the time: queries by version are
+    missed after every write (they are validated by the namespace's write
+    generation) and admitted again."""
+    if runtime_dir:
+        os.environ["CQC_RUNTIME_DIR"] = runtime_dir
+    from client_query_cache import CacheManager
+
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    manager = CacheManager(client, shared=name)
+    cached = manager[db][coll]
+    rng = random.Random()
+    while True:
+        k = rng.randrange(DOCS)
+        cached.find_one({"_id": k, "version": {"$gte": 0}})
+        cached.find({"version": {"$gte": rng.randrange(3)}}).to_list()
 
 
 # ============================================================================
@@ -167,23 +301,23 @@ class Writer(threading.Thread):
     """Updates a random document every WRITE_INTERVAL_S; a write whose reply
     was lost is kept as "maybe" (its version may appear, never required)."""
 
-    def __init__(self, uri: str, ctx: Context, seed: int) -> None:
+    def __init__(self, uri: str, ctx: Context, docs: int, seed: int) -> None:
         super().__init__(name="fault-writer", daemon=True)
         self._client: pymongo.MongoClient[Any] = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=500, retryWrites=False
         )
         self._coll = self._client[ctx.db][ctx.coll]
+        self._docs = docs
         self._rng = random.Random(seed)
         self.stop = threading.Event()
         self.acked: list[Write] = []
         self.maybe: list[Write] = []
-        self.failed = 0
 
     def run(self) -> None:
-        versions = [0] * DOCS
+        versions = [0] * self._docs
         clock = time.monotonic_ns
         while not self.stop.is_set():
-            k = self._rng.randrange(DOCS)
+            k = self._rng.randrange(self._docs)
             v = versions[k] = versions[k] + 1
             sent = clock()
             try:
@@ -192,7 +326,6 @@ class Writer(threading.Thread):
                     ot = s.operation_time
                 self.acked.append(Write(k, v, (ot.time << 32) | ot.inc, sent, clock()))
             except PyMongoError:
-                self.failed += 1
                 self.maybe.append(Write(k, v, NEVER, sent, NEVER))
             self.stop.wait(WRITE_INTERVAL_S)
 
@@ -204,7 +337,7 @@ class Writer(threading.Thread):
 
 
 # ============================================================================
-# One scenario
+# The reader
 # ============================================================================
 
 
@@ -216,102 +349,28 @@ def _applied(manager: Any, db: str) -> int:
     return 0
 
 
-def run_scenario(name: str, *, seed: int = 20261204, timeout: float = 30.0) -> dict[str, Any]:
-    from client_query_cache import CacheManager
-    from client_query_cache.testing import DisposableServer
+class Reader(threading.Thread):
+    """Reads random documents by ``_id`` through the cache until stopped and
+    records each one: (document, version, applied time before it, start,
+    end, hit)."""
 
-    scenario = SCENARIOS[name]
-    server = DisposableServer(oplog_max_entries=5, extra_args=["--enable-test-commands"])
-    proxy = FaultProxy(server.port).start()
-    ctx = Context(server, proxy, pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=2000))
-    reader: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=300)
-    manager: Any = None
-    writer: Writer | None = None
-    try:
-        server.start()
-        ctx.admin[ctx.db][ctx.coll].insert_many([{"_id": k, "version": 0} for k in range(DOCS)])
-        if scenario.down_at_start:
-            server.stop()
-        manager = CacheManager(reader, max_await_time_ms=MAX_AWAIT_MS, stream_uri=proxy.uri)
-        coll = manager[ctx.db][ctx.coll]
-        state = _Reads(manager, coll, ctx.db, seed)
-        if scenario.down_at_start:
-            # The manager exists; reads raise PyMongo's errors until the
-            # server is up. The fault is "on" from here.
-            injected = time.monotonic_ns()
-            state.read_for(scenario.duration_s)
-        else:
-            if not manager.wait_ready(timeout, database=ctx.db):
-                raise FaultRunFailed("the stream did not become ready")
-            state.warm(timeout)
-        writer = Writer(server.uri, ctx, seed)
-        if not scenario.down_at_start:
-            writer.start()
-            state.read_for(NORMAL_S)
-            injected = time.monotonic_ns()
-            scenario.inject(ctx)
-            state.read_for(scenario.duration_s)
-        healed = time.monotonic_ns()
-        scenario.heal(ctx)
-        if scenario.down_at_start:
-            writer.start()
-        recovered = state.read_until_hit(timeout)
-        state.read_for(AFTER_S)
-        writer.stop.set()
-        writer.join(10)
-        last = max((w.optime for w in writer.acked), default=0)
-        caught_up = state.read_until_applied(last, timeout)
-        stream = next(s for s in manager.snapshot().streams if s.database == ctx.db)
-    finally:
-        if writer is not None:
-            writer.close()
-        if manager is not None:
-            manager.close()
-        reader.close()
-        ctx.admin.close()
-        proxy.close()
-        server.close()
-    oracle = Oracle(writer.acked + writer.maybe)
-    stale, impossible, examples = state.check(oracle)
-    return {
-        "scenario": name,
-        "fault_seconds": scenario.duration_s,
-        "reads": state.reads,
-        "hits": state.hits,
-        "pymongo_errors": state.pymongo_errors,
-        "other_errors": len(state.other_errors),
-        "other_error_examples": state.other_errors[:MAX_EXAMPLES],
-        "stale_reads": stale,
-        "impossible_reads": impossible,
-        "examples": examples,
-        "writes_acked": len(writer.acked),
-        "writes_unacknowledged": len(writer.maybe),
-        "superseded_max_ms": state.superseded_max_ms(writer.acked),
-        "hits_between_fault_and_recovery": state.hits_between(injected, recovered or NEVER),
-        "recovery_ms": None if recovered is None else max(0, recovered - healed) / 1e6,
-        "caught_up": caught_up,
-        "reconnects": stream.reconnects,
-        "history_lost": stream.history_lost,
-        "stream_state_at_end": stream.state.value,
-    }
-
-
-class _Reads:
-    """The read loop and its records."""
-
-    def __init__(self, manager: Any, coll: Any, db: str, seed: int) -> None:
-        self._manager, self._coll, self._db = manager, coll, db
-        self._stats = manager._engine.native.stats
+    def __init__(self, manager: Any, coll: Any, db: str, docs: int, seed: int) -> None:
+        super().__init__(name="fault-reader", daemon=True)
+        self._manager, self._coll, self._db, self._docs = manager, coll, db, docs
         self._rng = random.Random(seed + 1)
-        self.rows: list[tuple[int, int, int, int, int, bool]] = []  # doc, version, applied, t0, t1, hit
+        self.stop = threading.Event()
+        self.rows: list[tuple[int, int, int, int, int, bool]] = []
         self.reads = self.hits = self.pymongo_errors = 0
         self.other_errors: list[str] = []
 
+    def _hits(self) -> int:
+        return int(self._manager._engine.native.stats()["hits"])
+
     def one(self) -> bool | None:
         """One read; True if it was a hit, None if it raised."""
-        k = self._rng.randrange(DOCS)
+        k = self._rng.randrange(self._docs)
         applied = _applied(self._manager, self._db)
-        h0 = self._stats()["hits"]
+        h0 = self._hits()
         t0 = time.monotonic_ns()
         try:
             doc = self._coll.find_one({"_id": k})
@@ -324,7 +383,8 @@ class _Reads:
         finally:
             self.reads += 1
         t1 = time.monotonic_ns()
-        hit = self._stats()["hits"] > h0
+        # A re-attach swaps the native cache: its counter starts again.
+        hit = self._hits() > h0
         self.hits += hit
         if not isinstance(doc, dict) or doc.get("_id") != k or type(doc.get("version")) is not int:
             self.other_errors.append(f"read of {k} returned {doc!r:.100}")
@@ -332,42 +392,51 @@ class _Reads:
         self.rows.append((k, doc["version"], applied, t0, t1, hit))
         return hit
 
-    def read_for(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+    def run(self) -> None:
+        while not self.stop.is_set():
             self.one()
             time.sleep(READ_PAUSE_S)
 
-    def warm(self, timeout: float) -> None:
+    def warm(self, timeout: float, every: bool = True) -> None:
+        """Before the thread starts: read until two whole passes hit (or
+        once each, if not ``every``)."""
+        if not every:
+            for k in range(self._docs):
+                self._hit_read(k)
+            return
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if all(self._read_doc(k) for k in range(DOCS)) and all(self._read_doc(k) for k in range(DOCS)):
+            if all(self._hit_read(k) for k in range(self._docs)) and all(
+                self._hit_read(k) for k in range(self._docs)
+            ):
                 return
             time.sleep(0.02)
         raise FaultRunFailed("the cache did not warm up")
 
-    def _read_doc(self, k: int) -> bool:
-        h0 = self._stats()["hits"]
+    def _hit_read(self, k: int) -> bool:
+        h0 = self._hits()
         self._coll.find_one({"_id": k})
-        return self._stats()["hits"] > h0
+        return self._hits() > h0
 
-    def read_until_hit(self, timeout: float) -> int | None:
+    def first_hit_after(self, start_ns: int, timeout: float) -> int | None:
         end = time.monotonic() + timeout
+        seen = 0
         while time.monotonic() < end:
-            if self.one():
-                return self.rows[-1][3]
-            time.sleep(READ_PAUSE_S)
+            rows = self.rows
+            for row in rows[seen:]:
+                if row[5] and row[3] >= start_ns:
+                    return row[3]
+            seen = len(rows)
+            time.sleep(0.01)
         return None
 
-    def read_until_applied(self, optime: int, timeout: float) -> bool:
+    def wait_applied(self, optime: int, timeout: float) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            self.one()
             if _applied(self._manager, self._db) >= optime:
-                for _ in range(3 * DOCS):  # and reads after it
-                    self.one()
+                time.sleep(0.1)  # and reads after it
                 return True
-            time.sleep(READ_PAUSE_S)
+            time.sleep(0.01)
         return False
 
     def hits_between(self, start_ns: int, end_ns: int) -> int:
@@ -407,6 +476,164 @@ class _Reads:
 
 
 # ============================================================================
+# One scenario
+# ============================================================================
+
+
+@contextlib.contextmanager
+def _private_runtime_dir() -> Iterator[str]:
+    """A fresh runtime directory for a shared scenario's files (spawned
+    processes inherit it), removed afterwards."""
+    path = tempfile.mkdtemp(prefix="cqc-faults-")
+    before = os.environ.get("CQC_RUNTIME_DIR")
+    os.environ["CQC_RUNTIME_DIR"] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop("CQC_RUNTIME_DIR", None)
+        else:
+            os.environ["CQC_RUNTIME_DIR"] = before
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_scenario(name: str, *, seed: int = 20261204, timeout: float = 30.0) -> dict[str, Any]:
+    scenario = SCENARIOS[name]
+    with contextlib.ExitStack() as stack:
+        if scenario.shared:
+            stack.enter_context(_private_runtime_dir())
+        return _run(scenario, seed, timeout)
+
+
+def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
+    from client_query_cache import CacheManager
+    from client_query_cache.testing import DisposableServer
+
+    server = DisposableServer(oplog_max_entries=5, extra_args=["--enable-test-commands"])
+    try:
+        # The server binds its port before the proxy asks the system for one.
+        server.start()
+        proxy = FaultProxy(server.port).start()
+    except BaseException:
+        server.close()
+        raise
+    ctx = Context(server, proxy, pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=2000))
+    ctx.owner_name = f"faults-{secrets.token_hex(4)}"
+    ctx.owner_options = dict(
+        budget_bytes=scenario.budget_bytes,
+        slots=1024,
+        max_entry_bytes=scenario.max_entry_bytes,
+        max_await_time_ms=MAX_AWAIT_MS,
+    )
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=300)
+    manager: Any = None
+    reader: Reader | None = None
+    writer = Writer(server.uri, ctx, scenario.docs, seed)
+    pad = "p" * scenario.pad_bytes
+    try:
+        ctx.admin[ctx.db][ctx.coll].insert_many(
+            [{"_id": k, "version": 0, **({"pad": pad} if pad else {})} for k in range(scenario.docs)]
+        )
+        if scenario.shared:
+            ctx.start_owner()
+            manager = CacheManager(client, shared=ctx.owner_name)
+        else:
+            if scenario.down_at_start:
+                server.stop()
+            manager = CacheManager(client, max_await_time_ms=MAX_AWAIT_MS, stream_uri=proxy.uri)
+        coll = manager[ctx.db][ctx.coll]
+        reader = Reader(manager, coll, ctx.db, scenario.docs, seed)
+        if not scenario.down_at_start:
+            coll.find_one({"_id": 0})
+            if not manager.wait_ready(timeout, database=ctx.db):
+                raise FaultRunFailed("the stream did not become ready")
+            reader.warm(timeout, scenario.warm_all)
+            if scenario.prepare is not None:
+                scenario.prepare(ctx)
+            writer.start()
+        before = manager.snapshot()
+        reader.start()
+        if not scenario.down_at_start:
+            time.sleep(NORMAL_S)
+        injected = time.monotonic_ns()
+        scenario.inject(ctx)
+        time.sleep(scenario.duration_s)
+        healed = time.monotonic_ns()
+        scenario.heal(ctx)
+        if scenario.down_at_start:
+            writer.start()
+        recovered = reader.first_hit_after(healed, timeout)
+        time.sleep(AFTER_S)
+        writer.stop.set()
+        writer.join(10)
+        last = max((w.optime for w in writer.acked), default=0)
+        caught_up = reader.wait_applied(last, timeout)
+        reader.stop.set()
+        reader.join(10)
+        after = manager.snapshot()
+        stream = next(s for s in after.streams if s.database == ctx.db)
+        attached = ctx.owner.snapshot()["attached_workers"] if scenario.shared else None
+        # How long a silent stream (local) or owner (shared) is trusted.
+        trust_ms = (
+            manager._engine.native.geometry()["heartbeat_timeout_ns"] / 1e6 if scenario.shared else STALL_BOUND_S * 1e3
+        )
+    finally:
+        if reader is not None:
+            reader.stop.set()
+            if reader.is_alive():
+                reader.join(10)
+        writer.close()
+        for proc in ctx.workers:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        if manager is not None:
+            manager.close()
+        if ctx.owner is not None:
+            with contextlib.suppress(Exception):
+                os.kill(ctx.owner.pid, signal.SIGCONT)
+            with contextlib.suppress(Exception):
+                ctx.owner.stop(timeout=10)
+        client.close()
+        ctx.admin.close()
+        proxy.close()
+        server.close()
+    oracle = Oracle(writer.acked + writer.maybe)
+    stale, impossible, examples = reader.check(oracle)
+    rejected = {
+        k: v - before.rejected_admissions.get(k, 0)
+        for k, v in after.rejected_admissions.items()
+        if v - before.rejected_admissions.get(k, 0)
+    }
+    return {
+        "scenario": scenario.name,
+        "mode": "shared" if scenario.shared else "local",
+        "fault_seconds": scenario.duration_s,
+        "reads": reader.reads,
+        "hits": reader.hits,
+        "pymongo_errors": reader.pymongo_errors,
+        "other_errors": len(reader.other_errors),
+        "other_error_examples": reader.other_errors[:MAX_EXAMPLES],
+        "stale_reads": stale,
+        "impossible_reads": impossible,
+        "examples": examples,
+        "writes_acked": len(writer.acked),
+        "writes_unacknowledged": len(writer.maybe),
+        "superseded_max_ms": reader.superseded_max_ms(writer.acked),
+        "trust_bound_ms": trust_ms,
+        "hits_between_fault_and_recovery": reader.hits_between(injected, recovered or NEVER),
+        "recovery_ms": None if recovered is None else max(0, recovered - healed) / 1e6,
+        "caught_up": caught_up,
+        "rejected_admissions": rejected,
+        "evictions": after.evictions - before.evictions if after.evictions >= before.evictions else None,
+        "reconnects": stream.reconnects,
+        "history_lost": stream.history_lost,
+        "stream_state_at_end": stream.state.value,
+        "attached_workers_at_end": attached,
+    }
+
+
+# ============================================================================
 # Report
 # ============================================================================
 
@@ -430,15 +657,16 @@ def checks(report: dict[str, Any]) -> list[str]:
 def print_report(report: dict[str, Any], out: Any = None) -> None:
     out = out or sys.stdout
     print(
-        f"{'scenario':<21} {'reads':>6} {'hits':>6} {'pymongo err':>11} {'other err':>9} {'stale':>5} "
-        f"{'superseded ms':>13} {'recovery ms':>11}",
+        f"{'scenario':<21} {'mode':<6} {'reads':>6} {'hits':>6} {'pymongo err':>11} {'other err':>9} {'stale':>5} "
+        f"{'superseded ms':>13} {'refused adm.':>12} {'recovery ms':>11}",
         file=out,
     )
     for r in report["scenarios"]:
         rec = "-" if r["recovery_ms"] is None else f"{r['recovery_ms']:.0f}"
         print(
-            f"{r['scenario']:<21} {r['reads']:>6} {r['hits']:>6} {r['pymongo_errors']:>11} {r['other_errors']:>9} "
-            f"{r['stale_reads']:>5} {r['superseded_max_ms']:>13.0f} {rec:>11}",
+            f"{r['scenario']:<21} {r['mode']:<6} {r['reads']:>6} {r['hits']:>6} {r['pymongo_errors']:>11} "
+            f"{r['other_errors']:>9} {r['stale_reads']:>5} {r['superseded_max_ms']:>13.0f} "
+            f"{sum(r['rejected_admissions'].values()):>12} {rec:>11}",
             file=out,
         )
 
