@@ -533,6 +533,15 @@ stream_main (void *arg)
       }
       mongoc_change_stream_destroy (cs);
       if (!ok && !should_stop (s)) {
+         if (is_network_error (&error)) {
+            /* A single-threaded client keeps a server it failed to reach
+             * in a 5 s cooldown; a new client tries again after the
+             * backoff alone. */
+            mongoc_database_destroy (db);
+            mongoc_client_destroy (client);
+            db = NULL;
+            client = NULL;
+         }
          sleep_unless_stopped (s, handle_error (s, &f, &error, &backoff));
       }
    }
