@@ -293,12 +293,43 @@ def ring_seeds() -> None:
     write("ring", "bad_magic", ring_program(0, three, [patch(0, 0, b"XXXX")]))
 
 
+# fuzz_ring_admit opcodes (op % 4) and push flags.
+PUSH, WRITE, DRAIN_ADMIT, CHECK = 0, 1, 2, 3
+IDENTITY, REBIND, NOT_FOUND, RAW_TOKEN, RAW_VALUE = 1, 2, 4, 8, 16
+
+
+def admit_push(ns: int, flags: int, id_: int, val: bytes, token: bytes = b"") -> bytes:
+    return bytes([PUSH, ns, flags, id_, len(val)]) + val + token
+
+
+def ring_admit_seeds() -> None:
+    base = [admit_push(0, IDENTITY, 7, b"hello"), admit_push(0, 0, 1, b"query"),
+            admit_push(0, REBIND, 2, b"\x09ab"), admit_push(1, NOT_FOUND, 3, b""),
+            admit_push(2, IDENTITY | NOT_FOUND, 4, b"")]
+    write("ring_admit", "admit_then_writes", b"".join(base) + bytes([DRAIN_ADMIT, CHECK])
+          + bytes([WRITE, 0, 9, CHECK, WRITE, 0, 7, CHECK, WRITE, 1, 200, CHECK]) + b"\xff\0")
+    write("ring_admit", "write_before_drain", b"".join(base) + bytes([WRITE, 0, 1, DRAIN_ADMIT,
+                                                                      CHECK]) + b"\xff\0")
+    write("ring_admit", "same_key_twice", b"".join([
+        admit_push(0, IDENTITY, 5, b"one"), admit_push(0, IDENTITY, 5, b"two"),
+        bytes([DRAIN_ADMIT, CHECK, WRITE, 0, 5]), admit_push(0, IDENTITY, 5, b"three"),
+        bytes([DRAIN_ADMIT, CHECK])]) + b"\xff\0")
+    raw_tok = struct.pack("<IIIIQQII", 0, 0, 0xFFFFFFFF, 0, 0, 0, 1, 0)
+    write("ring_admit", "raw_tokens_and_values", b"".join([
+        admit_push(0, RAW_TOKEN, 1, b"x", raw_tok), admit_push(1, REBIND | RAW_VALUE, 2,
+                                                              doc(i32("_id", 3))),
+        bytes([DRAIN_ADMIT, CHECK])]) + b"\xff\0")
+    write("ring_admit", "patched_ring", b"".join(base) + b"\xff" + bytes([2])
+          + patch(1, 8, b"\xff\xff\xff\xff") + patch(0, 24, struct.pack("<Q", 4096)))
+
+
 def main() -> None:
     keys_seeds()
     stream_seeds()
     arena_patch_seeds()
     arena_image_seeds()
     ring_seeds()
+    ring_admit_seeds()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")
 
