@@ -75,3 +75,14 @@ def bench_quick(session: nox.Session) -> None:
     """The shared-cache benchmark, short run, against a disposable server."""
     session.install(".[bench]")
     session.run("python", "-m", "benchmarks.public_shared_cache", "--quick", *session.posargs)
+
+
+@nox.session(python=False)
+def fuzz(session: nox.Session) -> None:
+    """Fuzz the C core under ASan/UBSan with libFuzzer (.ci/fuzz).
+
+    `nox -s fuzz` runs every target for about a minute in total;
+    `nox -s fuzz -- SECONDS [TARGET...]` sets the total time and the targets
+    (docs/fuzzing.md). No virtualenv: the targets are plain C programs.
+    """
+    session.run("bash", ".ci/fuzz", *session.posargs, external=True)

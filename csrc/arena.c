@@ -294,9 +294,12 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
       if (c.hash != hash || c.key_len != key_len || c.ns_idx != ns_idx) {
          continue;
       }
-      /* Bounds: the block, its key and its value lie inside the ring. */
+      /* Bounds: the block, its key and its value lie inside the ring, and
+       * the block is where the writer puts blocks (8-byte aligned), so its
+       * header can be read as one. */
       if ((uint64_t) c.block_off + CQC_BLOCK_HEADER + (uint64_t) c.key_len + c.val_len >
-          ring_bytes) {
+             ring_bytes ||
+          c.block_off % 8u != 0) {
          return CQC_LOOKUP_MISS;
       }
       bh = (const block_hdr_t *) (a->ring + c.block_off);

@@ -119,13 +119,16 @@ cqc_ring_drain (void *mem, uint64_t size, cqc_ring_fn fn, void *ctx)
 {
    cqc_ring_header_t *h = mem;
    const uint8_t *data = (const uint8_t *) mem + CQC_RING_DATA_OFF;
-   uint64_t cap = h->capacity;
+   /* The header lies in memory the producer controls: each field is read
+    * once, and the values read are the ones checked and used (checking
+    * h->capacity again would let a producer change it in between). */
+   uint64_t cap = LOAD (&h->capacity);
    uint64_t head = LOAD (&h->head);
-   uint64_t tail = h->tail; /* only the consumer writes it */
+   uint64_t tail = LOAD (&h->tail); /* only the consumer should write it */
    uint64_t n = 0;
 
-   /* The header lies in memory the producer controls: re-check it. */
-   if (!cqc_ring_check (mem, size) || head - tail > cap) {
+   if (!cqc_ring_check (mem, size) || cap % 8u != 0 || cap > size - CQC_RING_DATA_OFF ||
+       head - tail > cap) {
       goto malformed;
    }
    while (tail != head) {
