@@ -45,13 +45,13 @@
 #include <stdint.h>
 
 #define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
-#define CQC_LAYOUT_VERSION 3u
+#define CQC_LAYOUT_VERSION 4u
 
 #define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
 #define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
 #define CQC_MAX_PROBE 64u    /* longest probe sequence, readers and writer */
 #define CQC_NO_CELL 0xffffffffu
-#define CQC_BLOCK_HEADER 16u
+#define CQC_BLOCK_HEADER 24u
 
 /* Entry flags (cqc_slot_t.flags). */
 #define CQC_ENTRY_IDENTITY 0x1u  /* validated by an identity generation */

@@ -33,9 +33,15 @@
  *                     generations may serve an older one); for the attached
  *                     view the header must be untouched, since it moves
  *                     every region;
- *   patches in slots or ring: memory safety only. The reader cannot tell a
- *                     value's bytes or a slot's length from the real ones:
- *                     nothing in the arena checksums them (docs/fuzzing.md).
+ *   patches also in the ring, none on a live block's checksum: the same. A
+ *                     reader serves a copy only if it matches the sum the
+ *                     writer stored in the block header, so changed value
+ *                     bytes, a moved or truncated value are never served;
+ *   patches in slots, anywhere, or on a block's checksum: memory safety
+ *                     only. Those can forge an entry (point a slot at bytes
+ *                     laid out as a block, with the sum of what follows):
+ *                     the sum catches corruption, not a forger
+ *                     (docs/fuzzing.md).
  */
 #include "fuzz_common.h"
 
@@ -369,6 +375,23 @@ check_other_readers (const world_t *w, const cqc_arena_t *view, bool names_intac
    }
 }
 
+#define MAX_SLOTS 128u
+
+/* The checksums of the blocks the live slots point to, in slot order (read
+ * from the unpatched slots: the caller compares two calls). */
+static uint32_t
+live_block_sums (const cqc_arena_t *a, uint64_t *out)
+{
+   uint32_t i, n = 0;
+   for (i = 0; i < a->geo.slot_count && i < MAX_SLOTS; i++) {
+      const cqc_slot_t *s = &a->slots[i];
+      if (s->state != 0 && (uint64_t) s->block_off + CQC_BLOCK_HEADER <= a->ring_bytes) {
+         memcpy (&out[n++], a->ring + s->block_off + CQC_BLOCK_HEADER - 8u, 8);
+      }
+   }
+   return n;
+}
+
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
@@ -379,14 +402,23 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    cqc_arena_t attached;
    char err[256];
    bool ok;
-   const uint32_t validated = 1u << R_HEADER | 1u << R_DBS | 1u << R_NSS | 1u << R_IDGEN;
+   /* Patches whose effect on a hit the reader detects: generations and
+    * health (validated), value bytes (checksummed). */
+   const uint32_t validated = 1u << R_HEADER | 1u << R_DBS | 1u << R_NSS | 1u << R_IDGEN | 1u << R_RING;
+   uint64_t sums[MAX_SLOTS], sums_after[MAX_SLOTS];
+   uint32_t sums_before;
 
    FUZZ_CHECK (w, "out of memory");
    build_world (w, cur_u8 (&c));
    run_writer (w, &c);
 
    arena_regions (&w->a, regions);
+   sums_before = live_block_sums (&w->a, sums);
    touched = apply_patches (&c, w->mem, w->size, regions, R_COUNT, cur_u8 (&c) % 9u);
+   if (live_block_sums (&w->a, sums_after) != sums_before ||
+       memcmp (sums, sums_after, sums_before * sizeof sums[0]) != 0) {
+      touched |= 1u << R_SLOTS; /* a checksum changed: trust nothing */
+   }
 
    /* Process-local mode: the writer's own view. Its geometry is private,
     * so a patched header moves nothing. */
