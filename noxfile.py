@@ -190,6 +190,27 @@ def wheel(session: nox.Session) -> None:
         session.log(f"{f.relative_to(ROOT)}: {f.stat().st_size / 2**20:.1f} MiB")
 
 
+def _built_wheel(session: nox.Session) -> Path:
+    wheels = sorted(WHEELHOUSE.glob("client_query_cache-*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one wheel in {WHEELHOUSE}, found {len(wheels)}: run `nox -s wheel`")
+    return wheels[0]
+
+
+def _stage_tests(work: Path) -> None:
+    """Copy tests/, benchmarks/ and the installed-wheel checks to ``work``,
+    outside the source tree, with the pytest options as a pytest.ini."""
+    for name in ("tests", "benchmarks"):
+        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
+    _pytest_ini(work / "pytest.ini")
+
+
+def _deselect_source_tree_only(session: nox.Session) -> list[str]:
+    session.log(f"deselected, as they need the source tree: {', '.join(SOURCE_TREE_ONLY)}")
+    return [arg for test in SOURCE_TREE_ONLY for arg in ("--deselect", test)]
+
+
 def _pytest_ini(path: Path) -> None:
     """pyproject.toml's pytest options as a pytest.ini, for a copy of the
     tests that lives outside the source tree."""
@@ -207,27 +228,21 @@ def wheel_tests(session: nox.Session) -> None:
     (.ci/hide-mongoc), prove that only the vendored libraries are used, and
     run the test suite against the installed package from a copy of tests/
     and benchmarks/ outside the source tree."""
-    wheels = sorted(WHEELHOUSE.glob("client_query_cache-*.whl"))
-    if len(wheels) != 1:
-        session.error(f"expected one wheel in {WHEELHOUSE}, found {len(wheels)}: run `nox -s wheel`")
+    wheel_file = _built_wheel(session)
     hide = str(ROOT / ".ci" / "hide-mongoc")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for name in ("tests", "benchmarks"):
-            shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
-        _pytest_ini(work / "pytest.ini")
+        _stage_tests(work)
         session.chdir(work)
         # --only-binary: nothing may be compiled (the compiler is hidden anyway).
         session.run(
             hide, "python", "-m", "pip", "install", "--only-binary", "client-query-cache",
-            f"{wheels[0]}[test]", external=True,
+            f"{wheel_file}[test]", external=True,
         )  # fmt: skip
         # With the system's libmongoc present but unused, then with it hidden.
         session.run("python", "installed_wheel.py")
         session.run(hide, "python", "installed_wheel.py", external=True)
-        deselect = [arg for test in SOURCE_TREE_ONLY for arg in ("--deselect", test)]
-        session.log(f"deselected, as they need the source tree: {', '.join(SOURCE_TREE_ONLY)}")
+        deselect = _deselect_source_tree_only(session)
         session.run(
             "nice", "-n", "10", hide, "python", "-m", "pytest", "-q", "-p", "installed_wheel",
             *deselect, *session.posargs, external=True,
@@ -262,9 +277,7 @@ def wheel_tests_chroot(session: nox.Session) -> None:
     (.chroot-bookworm/, kept between runs) in which mongo-c-driver and a
     compiler were never installed, with Debian's own python3: the checks of
     .ci/installed_wheel.py and the test suite. Needs root and debootstrap."""
-    wheels = sorted(WHEELHOUSE.glob("client_query_cache-*.whl"))
-    if len(wheels) != 1:
-        session.error(f"expected one wheel in {WHEELHOUSE}, found {len(wheels)}: run `nox -s wheel`")
+    wheel_file = _built_wheel(session)
     if not (CHROOT / "usr/bin/python3").exists():
         shutil.rmtree(CHROOT, ignore_errors=True)
         _nice(
@@ -274,11 +287,8 @@ def wheel_tests_chroot(session: nox.Session) -> None:
     work = CHROOT / "root" / "cqc"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    for name in ("tests", "benchmarks"):
-        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
-    shutil.copy2(wheels[0], work)
-    _pytest_ini(work / "pytest.ini")
+    _stage_tests(work)
+    shutil.copy2(wheel_file, work)
     for name in ("resolv.conf", "hosts"):
         shutil.copy2(Path("/etc") / name, CHROOT / "etc" / name)
     # pip inside trusts what pip outside trusts (a proxy's CA, say).
@@ -287,15 +297,14 @@ def wheel_tests_chroot(session: nox.Session) -> None:
     if cert and Path(cert).is_file():
         shutil.copy2(cert, work / "ca-bundle.pem")
         pip_env = "PIP_CERT=/root/cqc/ca-bundle.pem "
-    deselect = [arg for test in SOURCE_TREE_ONLY for arg in ("--deselect", test)]
-    session.log(f"deselected, as they need the source tree: {', '.join(SOURCE_TREE_ONLY)}")
+    deselect = _deselect_source_tree_only(session)
     # A private mount namespace: /proc, /dev and a fresh /dev/shm for the
     # chroot, gone when the command ends.
     mounts = (
         f"mount -t proc proc {CHROOT}/proc && mount --rbind /dev {CHROOT}/dev && "
         f"mount -t tmpfs tmpfs {CHROOT}/dev/shm && mount -t tmpfs tmpfs {CHROOT}/tmp && "
         f'exec chroot {CHROOT} /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 '
-        f'{pip_env}WHEEL=/root/cqc/{wheels[0].name} /bin/sh -c "$0" chroot-tests "$@"'
+        f'{pip_env}WHEEL=/root/cqc/{wheel_file.name} /bin/sh -c "$0" chroot-tests "$@"'
     )
     session.run(
         "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts,
