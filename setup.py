@@ -24,8 +24,9 @@ from setuptools.command.build_ext import build_ext
 PKG_CONFIG_MODULES = ("libmongoc-1.0", "libbson-1.0")
 INSTALL_HINT = (
     "Install the Debian packages libmongoc-dev, libbson-dev and pkg-config "
-    "(apt-get install libmongoc-dev libbson-dev pkg-config), or run "
-    "`bash .ci/setup`."
+    "(apt-get install libmongoc-dev libbson-dev pkg-config); in a source "
+    "checkout, `bash .ci/setup` installs them. Or install a binary wheel, "
+    "which needs none of them."
 )
 
 COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread"]
