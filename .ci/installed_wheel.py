@@ -1,0 +1,128 @@
+"""Proof that client_query_cache runs from an installed wheel with its own
+copies of libmongoc and libbson.
+
+- ``python installed_wheel.py``: check once and print what was found.
+- ``python -m pytest -p installed_wheel``: a pytest plugin that checks the
+  process running the suite at its start and again at its end (after every
+  test has loaded and used the extension), prints the findings under the
+  summary, and fails the run if a check fails.
+
+The checks: ``client_query_cache`` and its ``_native`` extension are imported
+from this interpreter's site-packages (not from a source tree); ``ldd`` of the
+extension resolves libmongoc and libbson to the copies vendored in
+``client_query_cache.libs`` and nothing to "not found"; and /proc/self/maps
+shows no libmongoc, libbson or libmongocrypt mapped from anywhere else, while
+the vendored libmongoc and libbson are mapped.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+#: Libraries of mongo-c-driver that must come from the wheel when loaded.
+DRIVER_LIBS = ("libmongoc", "libbson", "libmongocrypt")
+#: Those that the extension always needs.
+REQUIRED_LIBS = ("libmongoc", "libbson")
+
+LDD_LINE = re.compile(r"^\s*(\S+)\s+=>\s+(.+?)(?:\s+\(0x[0-9a-f]+\))?$")
+
+
+class NotFromWheel(Exception):
+    pass
+
+
+def _is_driver_lib(name: str) -> bool:
+    return any(Path(name).name.startswith(lib) for lib in DRIVER_LIBS)
+
+
+def check() -> list[str]:
+    """Run the checks in this process; return the findings as lines, or raise
+    NotFromWheel naming every problem."""
+    import client_query_cache
+    from client_query_cache import _native
+
+    site = Path(sysconfig.get_paths()["platlib"]).resolve()
+    vendored = site / "client_query_cache.libs"
+    package = Path(client_query_cache.__file__).resolve()
+    native = Path(_native.__file__).resolve()
+    problems = [f"{p} is not in {site}" for p in (package, native) if site not in p.parents]
+    lines = [
+        f"interpreter: {sys.executable}",
+        f"client_query_cache: {package}",
+        f"_native: {native}",
+    ]
+
+    ldd = subprocess.run(["ldd", str(native)], capture_output=True, text=True, check=True).stdout
+    resolved: dict[str, str] = {}
+    for line in ldd.splitlines():
+        m = LDD_LINE.match(line)
+        if m:
+            resolved[m.group(1)] = m.group(2)
+    for name, path in resolved.items():
+        if path == "not found":
+            problems.append(f"ldd: {name} not found")
+        elif _is_driver_lib(name):
+            lines.append(f"ldd: {name} => {path}")
+            if Path(path).resolve().parent != vendored:
+                problems.append(f"ldd: {name} resolves to {path}, outside {vendored}")
+    for lib in REQUIRED_LIBS:
+        if not any(Path(n).name.startswith(lib) for n in resolved):
+            problems.append(f"ldd: the extension does not link {lib}")
+
+    mapped = set()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            mapped.add(fields[5])
+    for path in sorted(p for p in mapped if _is_driver_lib(p)):
+        lines.append(f"maps: {path}")
+        if Path(path).parent.resolve() != vendored:
+            problems.append(f"maps: {path} is mapped from outside {vendored}")
+    for lib in REQUIRED_LIBS:
+        if not any(Path(p).name.startswith(lib) and Path(p).parent.resolve() == vendored for p in mapped):
+            problems.append(f"maps: no vendored {lib} is mapped")
+    if problems:
+        raise NotFromWheel("; ".join(problems))
+    return lines
+
+
+# -- pytest plugin ---------------------------------------------------------------
+
+_findings: dict[str, list[str]] = {}
+
+
+def pytest_sessionstart(session) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    try:
+        _findings["start"] = check()
+    except NotFromWheel as e:
+        raise pytest.UsageError(f"not running from the installed wheel: {e}") from None
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # type: ignore[no-untyped-def]
+    try:
+        _findings["end"] = check()
+    except NotFromWheel as e:
+        _findings["end"] = [f"FAILED: {e}"]
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    for when, lines in _findings.items():
+        terminalreporter.write_sep("-", f"installed wheel, checked at the session's {when}")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+if __name__ == "__main__":
+    try:
+        for line in check():
+            print(line)
+    except NotFromWheel as e:
+        sys.exit(f"not running from the installed wheel: {e}")
+    print("ok: the installed wheel and only its vendored mongo-c-driver libraries are used")

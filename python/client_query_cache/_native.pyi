@@ -1,0 +1,137 @@
+"""Type stubs for ``client_query_cache._native``, the C core (csrc/module.c).
+
+Private to the package: the facades in ``_core`` are its only callers.
+tests/test_native_stub.py fails when a public name here and in the built
+module differ, or when ``Cache``'s keywords stop matching the C keyword list.
+"""
+
+from collections.abc import Callable
+from typing import Any, Final, TypedDict, final
+
+from typing_extensions import Buffer
+
+# Sentinels returned by lookups, compared by identity.
+MISS: Final[str]
+"""No valid entry: read MongoDB and admit."""
+UNHEALTHY: Final[str]
+"""The database's change stream does not serve: bypass."""
+FALLBACK: Final[str]
+"""``lookup_id`` cannot encode this ``_id`` itself: use ``lookup``."""
+
+# admit() results.
+ADMIT_OK: Final[int]
+ADMIT_STALE: Final[int]
+ADMIT_UNHEALTHY: Final[int]
+ADMIT_TOO_LARGE: Final[int]
+ADMIT_NO_SLOT: Final[int]
+ADMIT_CONFLICT: Final[int]
+ADMIT_QUEUED: Final[int]
+"""A worker pushed the admission to its ring; the owner applies it."""
+ADMIT_DROPPED: Final[int]
+"""A worker's ring was full; the admission was dropped."""
+
+KIND_REBIND: Final[int]
+"""Or-ed into ``admit``'s kind: a find_one by a unique key, validated by the
+identity of the document it found."""
+
+# Cache modes: where the arena lives and who writes it.
+MODE_LOCAL: Final[int]
+MODE_OWNER: Final[int]
+MODE_WORKER: Final[int]
+
+LAYOUT_VERSION: Final[int]
+STATE_HEALTHY: Final[int]
+
+class _StreamInfo(TypedDict):
+    database: str
+    db_idx: int
+    state: str
+    stalled: bool
+    events: int
+    reconnects: int
+    history_lost: int
+    incarnation: int
+    last_error: str
+
+@final
+class Cache:
+    """A cache arena with its writer and change-stream followers."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        slot_count: int,
+        uri: str | None,
+        max_await_time_ms: int,
+        decode: Callable[[bytes, Any], Any],
+        objectid_type: type,
+        closed_error: type[BaseException],
+        forked_error: type[BaseException],
+        mode: int = ...,
+        arena_path: str | None = ...,
+        segment_path: str | None = ...,
+        ring_bytes: int = ...,
+        heartbeat_timeout_ms: int = ...,
+        arena_bytes: int = ...,
+    ) -> None: ...
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+
+    def lookup_id(self, ns_idx: int, db_idx: int, id: object, codec_options: Any, /) -> Any:
+        """The document, None (cached "not found"), MISS, UNHEALTHY, or FALLBACK
+        when the ``_id`` is not an int, str or ObjectId."""
+
+    def lookup(
+        self,
+        ns_idx: int,
+        db_idx: int,
+        kind: int,
+        filter: Buffer,
+        rest: Buffer,
+        codec_options: Any,
+        decode: Callable[[bytes, Any], Any] = ...,
+        /,
+    ) -> Any:
+        """``decode(bytes, codec_options)`` of the entry, None, MISS or UNHEALTHY."""
+
+    def capture(self, ns_idx: int, filter: Buffer, /) -> bytes | None:
+        """The admission token, or None when the stream does not serve."""
+
+    def admit(
+        self, token: Buffer, kind: int, filter: Buffer, rest: Buffer, value: Buffer | None, /
+    ) -> int:
+        """One of the ADMIT_* codes; ``value`` None caches "not found"."""
+
+    def register(self, db: str, coll: str, /) -> tuple[int, int]:
+        """``(ns_idx, db_idx)``; starts the database's follower."""
+
+    def db_state(self, db_idx: int, /) -> tuple[int, bool]:
+        """``(state, stalled)`` as readers see it."""
+
+    def ns_epoch(self, ns_idx: int, /) -> tuple[int, int]:
+        """``(epoch, db incarnation)``."""
+
+    def stats(self) -> dict[str, int]:
+        """Arena and lookup counters."""
+
+    def streams(self) -> list[_StreamInfo]:
+        """Change-stream followers, one per registered database."""
+
+    def close(self) -> None:
+        """Stop the followers."""
+
+    def check(self) -> None:
+        """Raise if closed or used after fork."""
+
+    def attach_ring(self, path: str, /) -> int:
+        """Owner: drain a worker's ring; returns its id."""
+
+    def detach_ring(self, id: int, /) -> None:
+        """Owner: release a worker's ring."""
+
+    def geometry(self) -> dict[str, int]:
+        """Arena geometry and owner."""
+
+def identity_hash(filter_bson: Buffer, /) -> int | None:
+    """Canonical ``_id`` hash, or None if not an identity filter."""

@@ -1,0 +1,96 @@
+"""The type stub ``_native.pyi`` describes the built extension: the same public
+names at module level and on ``Cache``, constants of the declared types, and
+``Cache``'s keywords accepted by the C keyword list. The stub is read from
+beside the imported extension, so this checks whatever is installed (the
+source tree, or a wheel)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import bson
+import pytest
+
+from client_query_cache import _native
+
+STUB = Path(_native.__file__).with_name("_native.pyi")
+
+
+def _public(names: object) -> set[str]:
+    return {n for n in names if not n.startswith("_")}  # type: ignore[attr-defined]
+
+
+def _stub_tree() -> ast.Module:
+    assert STUB.is_file(), f"no stub beside {_native.__file__}"
+    return ast.parse(STUB.read_text(), filename=str(STUB))
+
+
+def _declared(body: list[ast.stmt]) -> dict[str, ast.stmt]:
+    """Names a stub body declares, mapped to their declaration."""
+    out: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node
+    return out
+
+
+def _cache_class() -> ast.ClassDef:
+    node = _declared(_stub_tree().body)["Cache"]
+    assert isinstance(node, ast.ClassDef)
+    return node
+
+
+def test_the_stub_declares_exactly_the_public_names_of_the_module() -> None:
+    assert _public(_declared(_stub_tree().body)) == _public(vars(_native))
+
+
+def test_the_stub_declares_exactly_the_public_attributes_of_cache() -> None:
+    assert _public(_declared(_cache_class().body)) == _public(dir(_native.Cache))
+
+
+def test_the_stub_constants_have_the_declared_types() -> None:
+    for name, node in _declared(_stub_tree().body).items():
+        if not isinstance(node, ast.AnnAssign) or name.startswith("_"):
+            continue
+        annotation = ast.unparse(node.annotation)
+        expected = {"Final[int]": int, "Final[str]": str}[annotation]
+        assert type(getattr(_native, name)) is expected, name
+
+
+def test_cache_accepts_every_keyword_the_stub_declares() -> None:
+    init = _declared(_cache_class().body)["__init__"]
+    assert isinstance(init, ast.FunctionDef)
+    names = [a.arg for a in init.args.args[1:]]
+    required = names[: len(names) - len(init.args.defaults)]
+    # Values valid for a process-local arena without change-stream followers;
+    # the optional ones at what the C code takes as its defaults.
+    values = {
+        "budget_bytes": 1 << 20,
+        "slot_count": 1024,
+        "uri": None,
+        "max_await_time_ms": 100,
+        "decode": bson.decode,
+        "objectid_type": bson.ObjectId,
+        "closed_error": RuntimeError,
+        "forked_error": RuntimeError,
+        "mode": _native.MODE_LOCAL,
+        "arena_path": None,
+        "segment_path": None,
+        "ring_bytes": 0,
+        "heartbeat_timeout_ms": 1000,
+        "arena_bytes": 0,
+    }
+    assert set(names) == set(values), "update this test's values with the stub"
+    cache = _native.Cache(**{n: values[n] for n in names})
+    try:
+        assert cache.closed is False
+        assert cache.geometry()["mode"] == _native.MODE_LOCAL
+    finally:
+        cache.close()
+    with pytest.raises(TypeError):
+        _native.Cache(**{n: values[n] for n in required}, not_a_keyword=1)
+    with pytest.raises(TypeError):
+        _native.Cache(**{n: values[n] for n in required[:-1]})
