@@ -152,6 +152,20 @@ def slope_per_minute(times_s: Sequence[float], values: Sequence[float]) -> float
     return sxy / sxx * 60.0
 
 
+def trend(times_s: Sequence[float], values: Sequence[float]) -> dict[str, Any]:
+    """First, last, lowest and highest value and the fitted slope per minute."""
+    nan = float("nan")
+    return {
+        "samples": len(times_s),
+        "minutes": (times_s[-1] - times_s[0]) / 60.0 if times_s else 0.0,
+        "start": values[0] if values else nan,
+        "end": values[-1] if values else nan,
+        "min": min(values) if values else nan,
+        "max": max(values) if values else nan,
+        "slope_per_min": slope_per_minute(times_s, values),
+    }
+
+
 def flatness(
     times_s: Sequence[float],
     rss_bytes: Sequence[float],
@@ -162,20 +176,19 @@ def flatness(
     """RSS at the first and last sample, the fitted slope in MiB/min and the
     verdict: ``flat`` (slope at most the threshold), ``growing`` or
     ``too_short`` (fewer samples or a shorter span than needed to judge)."""
-    mib = [v / MiB for v in rss_bytes]
-    span_min = (times_s[-1] - times_s[0]) / 60.0 if times_s else 0.0
-    slope = slope_per_minute(times_s, mib)
-    if len(times_s) < min_samples or span_min < min_minutes or slope != slope:
+    t = trend(times_s, [v / MiB for v in rss_bytes])
+    slope = t["slope_per_min"]
+    if t["samples"] < min_samples or t["minutes"] < min_minutes or slope != slope:
         verdict = "too_short"
     else:
         verdict = "flat" if slope <= max_slope_mib_per_min else "growing"
     return {
-        "samples": len(times_s),
-        "minutes": span_min,
-        "start_mib": mib[0] if mib else float("nan"),
-        "end_mib": mib[-1] if mib else float("nan"),
-        "min_mib": min(mib) if mib else float("nan"),
-        "max_mib": max(mib) if mib else float("nan"),
+        "samples": t["samples"],
+        "minutes": t["minutes"],
+        "start_mib": t["start"],
+        "end_mib": t["end"],
+        "min_mib": t["min"],
+        "max_mib": t["max"],
         "slope_mib_per_min": slope,
         "threshold_mib_per_min": max_slope_mib_per_min,
         "verdict": verdict,
@@ -739,8 +752,8 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
                 last = sampler.samples[-1]
                 status(f"{sum(w['ops'] for w in last['workers'])} operations")
                 next_note += 60
+        sampler.stop()  # the last sample while every worker is still attached
         pool.stop.value = 1
-        sampler.stop()
         elapsed = time.monotonic() - sampler.t0
         status("collecting the workers' results")
         results = pool.collect(args.timeout + 30)
@@ -807,10 +820,12 @@ def build_report(
                 "admissions": last["admissions_accepted"] - first["admissions_accepted"],
                 "invalidations": last["invalidations"] - first["invalidations"],
                 "ring_dropped": last["admissions_dropped"] - first["admissions_dropped"],
-                "used_bytes": flatness(
+                "used_mib": trend(
                     [s["t"] for s in measured if s["owner"]],
-                    [s["owner"]["used_bytes"] for s in measured if s["owner"]],
-                    float("inf"),
+                    [s["owner"]["used_bytes"] / MiB for s in measured if s["owner"]],
+                ),
+                "entries": trend(
+                    [s["t"] for s in measured if s["owner"]], [s["owner"]["entries"] for s in measured if s["owner"]]
                 ),
             }
     return {
@@ -831,7 +846,12 @@ def build_report(
         "error_examples": [e for r in results for e in r["error_examples"]][:MAX_EXAMPLES],
         "sample_errors": list(sample_errors),
         "series": [
-            {"t": s["t"], "rss": s["rss"], "owner": {k: v for k, v in (s["owner"] or {}).items() if k != "streams"}}
+            {
+                "t": s["t"],
+                "rss": s["rss"],
+                "owner": {k: v for k, v in (s["owner"] or {}).items() if k != "streams"},
+                "workers": s["workers"],
+            }
             for s in samples
         ],
     }
@@ -946,6 +966,16 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
             f"invalidations {a['invalidations']}",
             file=out,
         )
+        m = a["measured"]
+        if m:
+            u, e = m["used_mib"], m["entries"]
+            print(
+                f"arena over the measured period: used MiB {u['start']:.2f} -> {u['end']:.2f} "
+                f"(min {u['min']:.2f}, max {u['max']:.2f}, slope {u['slope_per_min']:.3f}/min), "
+                f"entries {e['start']} -> {e['end']} (min {e['min']}, max {e['max']}, "
+                f"slope {e['slope_per_min']:.1f}/min), evictions {m['evictions']}, admissions {m['admissions']}",
+                file=out,
+            )
     for s in report["streams"]:
         print(f"stream {s['database']}: {s['state']}, events {s['events']}, reconnects {s['reconnects']}", file=out)
     print(f"{'minute':>6} {'seconds':>8} {'ops':>8} {'reads':>8} {'writes':>7} {'hits':>8} {'ops/min':>9}", file=out)

@@ -8,6 +8,7 @@ checks that the figures exist, are sane and get no verdict."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -57,6 +58,9 @@ def test_short_soak_reports_every_process_and_no_stale_read(
     assert a["evictions"] > 0, "2,000 documents of 1 KiB must not fit a 1 MiB budget"
     assert a["admissions"] > 0 and a["attached_workers_min"] == 2
     assert a["measured"]["evictions"] > 0
+    used, entries = a["measured"]["used_mib"], a["measured"]["entries"]
+    assert 0 < used["min"] <= used["max"] <= 1.0 and math.isfinite(used["slope_per_min"])
+    assert 0 < entries["min"] <= entries["max"] <= a["entries_max"]
     [stream] = report["streams"]
     assert stream["state"] == "healthy" and stream["history_lost"] == 0
 
@@ -76,6 +80,12 @@ def test_short_soak_reports_every_process_and_no_stale_read(
     assert report["errors"] == 0 and report["sample_errors"] == []
     assert soak.checks(report) == []
     assert len(report["series"]) == report["samples"]
+    text = io.StringIO()
+    soak.print_report(report, text)
+    lines = text.getvalue().splitlines()
+    for name in report["processes"]:
+        assert any(line.startswith(name) and line.endswith("too_short") for line in lines), name
+    assert "stale_reads 0, impossible 0, wrong 0, errors 0" in lines[-1]
 
 
 # -- slopes and verdicts ----------------------------------------------------------
@@ -95,6 +105,15 @@ def test_slope_is_the_least_squares_fit_per_minute() -> None:
     assert math.isnan(soak.slope_per_minute([1.0], [1.0]))
     with pytest.raises(ValueError):
         soak.slope_per_minute([1.0, 2.0], [1.0])
+
+
+def test_trend_gives_the_ends_the_extremes_and_the_slope() -> None:
+    t = soak.trend([0.0, 30.0, 60.0, 90.0], [10, 40, 20, 40])
+    assert (t["start"], t["end"], t["min"], t["max"]) == (10, 40, 10, 40)
+    assert t["samples"] == 4 and t["minutes"] == pytest.approx(1.5)
+    assert t["slope_per_min"] == pytest.approx(14.0)  # least squares: 1050 / 4500 per second
+    empty = soak.trend([], [])
+    assert empty["samples"] == 0 and math.isnan(empty["start"]) and math.isnan(empty["slope_per_min"])
 
 
 def test_flatness_verdict_against_the_threshold() -> None:
