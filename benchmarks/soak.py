@@ -254,7 +254,15 @@ def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> d
         coll.find_one({"_id": 0})
         if not manager.wait_ready(timeout, database=spec["db"]):
             raise BenchmarkFailed("the change stream did not become ready")
-        applied = _applied_reader(manager, spec["db"])
+        db = spec["db"]
+
+        def applied() -> int:
+            # A fresh reader per call: the one coherence's workers keep holds
+            # the engine's native cache of the moment, and after a re-attach
+            # (an owner heartbeat late by 500 ms is enough) that would keep
+            # the old arena and ring mapped for the rest of the run.
+            return _applied_reader(manager, db)()
+
         cum, by_rank = zipf_table(n, spec["zipf_seed"])
         total = cum[-1]
         members = [list(range(g, n, groups)) for g in range(groups)]
