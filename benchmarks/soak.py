@@ -448,7 +448,9 @@ def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> d
         client.close()
 
 
-def _worker_main(spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any, results: Any) -> None:
+def _worker_main(
+    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any, results: Any
+) -> None:
     """Entry point of a spawned worker (``workloads._Workers``' protocol; the
     per-worker counters are ``spec["stats"]``)."""
     import traceback
@@ -553,7 +555,7 @@ class Checker:
                     valid = self.valid_counts(doc, a, end)
                     if version not in valid:
                         stale += 1
-                        note(f"count of group {doc} returned {version}; possible from the applied time: {sorted(valid)}")
+                        note(f"count of group {doc} returned {version}; possible: {sorted(valid)}")
                     continue
                 if version == ABSENT:
                     found = self.absent_version(doc, end)
@@ -571,13 +573,22 @@ class Checker:
                 applied.append(a)
                 ends.append(end)
                 kinds.append(ORACLE_KIND[kind])
-            result = {"index": index, "docs": docs, "versions": versions, "applied": applied, "ends": ends, "kinds": kinds}
+            result = {
+                "index": index, "docs": docs, "versions": versions, "applied": applied, "ends": ends, "kinds": kinds
+            }
             checked = check_reads(self.oracle, result)
             stale += checked["stale"]
             impossible += checked["impossible"]
             for e in checked["examples"]:
                 note(e)
-        return {"rows": rows, "counts_checked": counts, "stale": stale, "impossible": impossible, "wrong": wrong, "examples": examples}
+        return {
+            "rows": rows,
+            "counts_checked": counts,
+            "stale": stale,
+            "impossible": impossible,
+            "wrong": wrong,
+            "examples": examples,
+        }
 
 
 def check_run(results: Sequence[dict[str, Any]], documents: int, groups: int) -> dict[str, Any]:
@@ -954,7 +965,8 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
         f"{report['samples']} samples",
         file=out,
     )
-    print(f"{'process':<10} {'start MiB':>10} {'end MiB':>9} {'max MiB':>9} {'slope MiB/min':>14} {'verdict':>10}", file=out)
+    head = f"{'process':<10} {'start MiB':>10} {'end MiB':>9} {'max MiB':>9} {'slope MiB/min':>14} {'verdict':>10}"
+    print(head, file=out)
     for name, r in report["processes"].items():
         if "slope_mib_per_min" not in r:
             print(f"{name:<10} {'-':>10} {'-':>9} {'-':>9} {'-':>14} {r['verdict']:>10}", file=out)
