@@ -51,6 +51,7 @@ import asyncio
 import bisect
 import contextlib
 import dataclasses
+import functools
 import multiprocessing
 import random
 import secrets
@@ -187,19 +188,16 @@ class _Reads:
         }
 
 
-def _applied_reader(manager: Any, db: str) -> Any:
-    """A function returning the database's applied cluster time as one
-    integer ((seconds << 32) | increment), read from the arena."""
-    native = manager._engine.native
-
-    def applied() -> int:
-        for s in native.streams():
-            if s["database"] == db:
-                t, i = s["applied_time"]
-                return (t << 32) | i
-        return 0
-
-    return applied
+def applied_time(manager: Any, db: str) -> int:
+    """The database's applied cluster time as one integer ((seconds << 32) |
+    increment), read from the manager's current arena (a worker that
+    re-attached reads its new owner's; holding an old native cache would
+    also keep its arena and ring mapped)."""
+    for s in manager._engine.native.streams():
+        if s["database"] == db:
+            t, i = s["applied_time"]
+            return (t << 32) | i
+    return 0
 
 
 def _operations(spec: dict[str, Any]) -> tuple[list[tuple[int, int, Any]], list[tuple[int, int, Any]]]:
@@ -244,7 +242,7 @@ def _sync_worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, bar
             if time.monotonic() > deadline:
                 raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
             time.sleep(0.02)
-        applied = _applied_reader(manager, spec["db"])
+        applied = functools.partial(applied_time, manager, spec["db"])
         rec = _Reads(spec)
         rng = random.Random(spec["seed"])
         clock, pause = time.monotonic_ns, spec["read_pause"]
@@ -305,7 +303,7 @@ async def _async_worker_run(spec: dict[str, Any], counters: Any, stop: Any, fina
             if time.monotonic() > deadline:
                 raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
             await asyncio.sleep(0.02)
-        applied = _applied_reader(manager, spec["db"])
+        applied = functools.partial(applied_time, manager, spec["db"])
         rec = _Reads(spec)
         clock, pause = time.monotonic_ns, spec["read_pause"]
         before = manager.snapshot()

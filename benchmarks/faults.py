@@ -80,7 +80,7 @@ from pymongo.errors import PyMongoError
 
 from ._common import exit_code, machine_facts, write_json
 from ._proxy import FaultProxy
-from .coherence import Oracle, Write
+from .coherence import Oracle, Write, applied_time
 
 SCHEMA = "cqc.faults/1"
 DOCS = 8
@@ -341,14 +341,6 @@ class Writer(threading.Thread):
 # ============================================================================
 
 
-def _applied(manager: Any, db: str) -> int:
-    for s in manager._engine.native.streams():
-        if s["database"] == db:
-            t, i = s["applied_time"]
-            return (t << 32) | i
-    return 0
-
-
 class Reader(threading.Thread):
     """Reads random documents by ``_id`` through the cache until stopped and
     records each one: (document, version, applied time before it, start,
@@ -369,7 +361,7 @@ class Reader(threading.Thread):
     def one(self) -> bool | None:
         """One read; True if it was a hit, None if it raised."""
         k = self._rng.randrange(self._docs)
-        applied = _applied(self._manager, self._db)
+        applied = applied_time(self._manager, self._db)
         h0 = self._hits()
         t0 = time.monotonic_ns()
         try:
@@ -433,7 +425,7 @@ class Reader(threading.Thread):
     def wait_applied(self, optime: int, timeout: float) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if _applied(self._manager, self._db) >= optime:
+            if applied_time(self._manager, self._db) >= optime:
                 time.sleep(0.1)  # and reads after it
                 return True
             time.sleep(0.01)

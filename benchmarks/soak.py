@@ -79,7 +79,7 @@ import pymongo
 from pymongo.errors import PyMongoError
 
 from ._common import exit_code, machine_facts, write_json
-from .coherence import Oracle, Write, _applied_reader, check_document, check_reads, document
+from .coherence import Oracle, Write, applied_time, check_document, check_reads, document
 from .workloads import ZIPF_S, BenchmarkFailed, Status, _stop_owner, _Workers
 
 SCHEMA = "cqc.soak/1"
@@ -257,11 +257,10 @@ def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> d
         db = spec["db"]
 
         def applied() -> int:
-            # A fresh reader per call: the one coherence's workers keep holds
-            # the engine's native cache of the moment, and after a re-attach
-            # (an owner heartbeat late by 500 ms is enough) that would keep
-            # the old arena and ring mapped for the rest of the run.
-            return _applied_reader(manager, db)()
+            # Through the manager each time: after a re-attach (an owner
+            # heartbeat late by 500 ms is enough) a native cache held here
+            # would keep the old arena and ring mapped for the rest of the run.
+            return applied_time(manager, db)
 
         cum, by_rank = zipf_table(n, spec["zipf_seed"])
         total = cum[-1]
