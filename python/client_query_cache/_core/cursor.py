@@ -149,22 +149,40 @@ class CursorBase:
         self._kwargs[name] = value
         return self
 
+    # Each option method raises what PyMongo's cursor method raises, when it
+    # raises it (at the call, not at the first document): a value the cheap
+    # check does not accept is given to a PyMongo cursor of the same
+    # collection (built without I/O) to accept or reject.
+
+    def _pymongo_check(self, name: str, *values: Any) -> None:
+        getattr(self._raw.find(), name)(*values)
+
     def limit(self, limit: int) -> Any:
+        if type(limit) is not int:
+            self._pymongo_check("limit", limit)
         return self._set_option("limit", limit)
 
     def skip(self, skip: int) -> Any:
+        if type(skip) is not int or skip < 0:
+            self._pymongo_check("skip", skip)
         return self._set_option("skip", skip)
 
     def batch_size(self, batch_size: int) -> Any:
+        if type(batch_size) is not int or batch_size < 0:
+            self._pymongo_check("batch_size", batch_size)
         return self._set_option("batch_size", batch_size)
 
     def max_time_ms(self, max_time_ms: int | None) -> Any:
+        if max_time_ms is not None and type(max_time_ms) is not int:
+            self._pymongo_check("max_time_ms", max_time_ms)
         return self._set_option("max_time_ms", max_time_ms)
 
     def comment(self, comment: Any) -> Any:
         return self._set_option("comment", comment)
 
     def sort(self, key_or_list: Any, direction: Any = None) -> Any:
+        if not (isinstance(key_or_list, str) and direction in (None, 1, -1)):
+            self._pymongo_check("sort", key_or_list, direction)
         if isinstance(key_or_list, str):
             key_or_list = [(key_or_list, 1 if direction is None else direction)]
         return self._set_option("sort", key_or_list)
