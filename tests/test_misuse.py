@@ -360,6 +360,7 @@ BAD_READS: list[tuple[str, Callable[[Any], Any]]] = [
     ("find max_time_ms='x'", lambda c: list(c.find({"a": 1}, max_time_ms="x"))),
     ("find collation=5", lambda c: list(c.find({"a": 1}, collation=5))),
     ("find filter twice", lambda c: list(c.find({}, filter={}))),
+    ("find sort direction True", lambda c: list(c.find({"a": 1}, sort=[("a", True)]))),
     ("count_documents filter=None", lambda c: c.count_documents(None)),
     ("count_documents filter=5", lambda c: c.count_documents(5)),
     ("count_documents skip='x'", lambda c: c.count_documents({}, skip="x")),
@@ -462,6 +463,9 @@ CURSOR_OPTIONS: list[tuple[str, Callable[[Any], Any]]] = [
     ("sort(5)", lambda cur: cur.sort(5)),
     ("sort('a', [1])", lambda cur: cur.sort("a", [1])),
     ("sort([('a', [1])])", lambda cur: cur.sort([("a", [1])])),
+    ("sort([])", lambda cur: cur.sort([])),
+    ("sort({})", lambda cur: cur.sort({})),
+    ("sort({'a': [1]})", lambda cur: cur.sort({"a": [1]})),
 ]
 
 
@@ -484,6 +488,8 @@ def test_good_cursor_options_are_still_accepted(cached_items):
     for _ in range(2):  # a miss, then a hit
         cursor = coll.find({"a": {"$gte": 0}}).sort("_id", -1).skip(1).limit(2).batch_size(0).max_time_ms(None)
         assert list(cursor) == list(raw.find({"a": {"$gte": 0}}).sort("_id", -1).skip(1).limit(2))
+        for key in ([("a", 1), ("_id", -1)], {"a": -1, "_id": 1}, ["a"]):
+            assert list(coll.find({}).sort(key)) == list(raw.find({}).sort(key))
         # What PyMongo's cursor accepts, the cache accepts too (a bool is an int there).
         assert list(coll.find({"a": 1}).limit(True).skip(False).max_time_ms(10**6)) == list(
             raw.find({"a": 1}).limit(True).skip(False)

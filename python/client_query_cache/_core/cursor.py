@@ -59,6 +59,26 @@ class Collector:
         self.core.admit_documents(self.step, self.batches, self.count, self.oversize)
 
 
+def _plain_sort(key_or_list: Any, direction: Any) -> bool:
+    """``sort("a")``, ``sort("a", -1)``, ``sort([("a", 1), ("b", -1)])`` or
+    ``sort({"a": 1})``: arguments PyMongo's ``sort`` accepts, told without
+    asking it."""
+    if isinstance(key_or_list, str):
+        return direction in (None, 1, -1)
+    if direction is not None:
+        return False
+    if type(key_or_list) is dict:
+        pairs: Any = key_or_list.items()
+    elif type(key_or_list) is list:
+        pairs = key_or_list
+    else:
+        return False
+    return bool(pairs) and all(
+        type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] in (1, -1)
+        for pair in pairs
+    )
+
+
 class CursorBase:
     """What the sync and async cursors share: options, state, buffering."""
 
@@ -181,7 +201,7 @@ class CursorBase:
         return self._set_option("comment", comment)
 
     def sort(self, key_or_list: Any, direction: Any = None) -> Any:
-        if not (isinstance(key_or_list, str) and direction in (None, 1, -1)):
+        if not _plain_sort(key_or_list, direction):
             self._pymongo_check("sort", key_or_list, direction)
         if isinstance(key_or_list, str):
             key_or_list = [(key_or_list, 1 if direction is None else direction)]
