@@ -98,7 +98,13 @@ class CacheMetrics:
 
     def __init__(self, manager: Any, meter: Any, attributes: Mapping[str, Any] | None = None) -> None:
         if not callable(getattr(manager, "snapshot", None)):
-            raise TypeError("instrument() needs a CacheManager or AsyncCacheManager")
+            raise TypeError(
+                f"manager must be a CacheManager or AsyncCacheManager, not {type(manager).__name__}"
+            )
+        if attributes is not None and (
+            not isinstance(attributes, Mapping) or not all(isinstance(key, str) for key in attributes)
+        ):
+            raise TypeError("attributes must be a mapping with str keys, or None")
         self._manager = manager
         self._attributes = dict(attributes or {})
         self._lock = threading.Lock()
@@ -219,6 +225,14 @@ def instrument(
     or ``AsyncCacheManager``) on the meter ``client_query_cache`` of
     ``meter_provider`` (default: the global one, ``metrics.get_meter``).
     ``attributes`` are added to every observation, e.g. to tell several
-    managers of one process apart. Returns the :class:`CacheMetrics`."""
+    managers of one process apart. Returns the :class:`CacheMetrics`.
+
+    Raises ``TypeError`` naming the argument if ``manager`` has no
+    ``snapshot()``, ``meter_provider`` no ``get_meter()``, or ``attributes``
+    is not a mapping with ``str`` keys."""
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise TypeError(
+            f"meter_provider must be an OpenTelemetry MeterProvider or None, not {type(meter_provider).__name__}"
+        )
     meter = _otel_metrics.get_meter(METER_NAME, __version__, meter_provider)
     return CacheMetrics(manager, meter, attributes)

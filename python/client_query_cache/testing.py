@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -95,6 +96,30 @@ def _server_command() -> list[str]:
     if on_path is not None:
         return [on_path]
     return [sys.executable, "-m", "secantus"]
+
+
+# Arguments follow Python's convention (this module is no part of the cache):
+# TypeError for a wrong type, ValueError for a value out of range, each
+# naming the argument.
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite non-negative number of seconds, got {value!r}")
+
+
+def _check_path(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str, an os.PathLike or None, not {type(value).__name__}")
 
 
 def _free_port() -> int:
@@ -220,6 +245,19 @@ class DisposableServer:
         log_path: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
+        # Checked before anything is created: nothing to clean up on error.
+        _check_path("storage_path", storage_path)
+        _check_path("log_path", log_path)
+        if port is not None:
+            _check_int("port", port, 1, 65535)
+        if oplog_retention_seconds is not None:
+            _check_seconds("oplog_retention_seconds", oplog_retention_seconds)
+        if oplog_max_entries is not None:
+            _check_int("oplog_max_entries", oplog_max_entries, 1, 2**63 - 1)
+        if isinstance(extra_args, (str, bytes)) or not isinstance(extra_args, Sequence):
+            raise TypeError(f"extra_args must be a sequence of str, not {type(extra_args).__name__}")
+        if not all(isinstance(arg, str) for arg in extra_args):
+            raise TypeError("extra_args must be a sequence of str")
         self._res = _Resources()
         self._finalizer = weakref.finalize(self, _release, self._res)
         self._closed = False
@@ -227,13 +265,13 @@ class DisposableServer:
             storage_path = tempfile.mkdtemp(prefix="cqc-secantus-data-")
             self._res.temp_dirs.append(storage_path)
         self._storage_path = os.fspath(storage_path)
-        self._port = int(port) if port is not None else _free_port()
+        self._port = port if port is not None else _free_port()
         self._oplog_retention_seconds = oplog_retention_seconds
         self._oplog_max_entries = oplog_max_entries
         self._log_path = os.fspath(log_path) if log_path is not None else None
         # More command-line flags, e.g. ("--enable-test-commands",) for tests
         # that arm failpoints with configureFailPoint.
-        self._extra_args = tuple(str(arg) for arg in extra_args)
+        self._extra_args = tuple(extra_args)
         # The server reads ./secantusd.toml, ~/.secantus/ and /etc/secantus/
         # unless given a config file. Run it from a private directory with an
         # empty config so a stray file on the machine cannot change it.
@@ -289,6 +327,7 @@ class DisposableServer:
         Raises RuntimeError, with the server's output, if it exits early or
         does not report that it is listening within ``timeout`` seconds.
         """
+        _check_seconds("timeout", timeout)
         if self._closed:
             raise RuntimeError("DisposableServer is closed")
         if self.running:
@@ -334,6 +373,7 @@ class DisposableServer:
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM the server, SIGKILL it after ``timeout`` s. Idempotent."""
+        _check_seconds("timeout", timeout)
         _terminate(self._res, timeout)
 
     def restart(self) -> None:

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .errors import CacheConfigurationError
 
-__all__ = ["CacheConfig", "MiB"]
+__all__ = [
+    "CacheConfig",
+    "MiB",
+    "check_connection_string",
+    "check_owner_options",
+    "check_seconds",
+]
 
 MiB = 1024 * 1024
+_MIN_BUDGET = 64 * 1024
 _MAX_BUDGET = 0xF0000000  # the arena addresses payload with 32-bit offsets
+_MIN_AWAIT_MS, _MAX_AWAIT_MS = 10, 60_000
+_MIN_SLOTS, _MAX_SLOTS = 64, 1 << 26
 
 
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
@@ -18,6 +28,59 @@ def _int_arg(name: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise CacheConfigurationError(f"{name} must be between {low} and {high}, got {value}")
     return value
+
+
+def check_seconds(name: str, value: object) -> float:
+    """A duration argument: a finite, non-negative int or float (not a bool:
+    ``True`` is no number of seconds). NaN would never compare as elapsed."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise CacheConfigurationError(f"{name} must be a finite non-negative number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_connection_string(name: str, value: object) -> str:
+    """A ``mongodb://`` or ``mongodb+srv://`` connection string whose hosts,
+    ports and user information parse (options are left to the driver that
+    uses it: libmongoc knows some that PyMongo does not). The message never
+    quotes the string, which may hold a password."""
+    if not isinstance(value, str) or not value.startswith(("mongodb://", "mongodb+srv://")):
+        raise CacheConfigurationError(f"{name} must be a 'mongodb://' or 'mongodb+srv://' connection string")
+    try:
+        from pymongo.uri_parser_shared import _validate_uri
+    except ImportError:  # a PyMongo without it: the prefix check only
+        return value
+    try:
+        _validate_uri(value, validate=False)  # no DNS lookup for mongodb+srv
+    except Exception:
+        raise CacheConfigurationError(f"{name} is not a valid MongoDB connection string") from None
+    return value
+
+
+def check_owner_options(
+    *,
+    arena_bytes: object,
+    budget_bytes: object,
+    slots: object,
+    max_entry_bytes: object,
+    max_await_time_ms: object,
+    prefix: str = "",
+) -> None:
+    """The geometry and settings of a shared cache's owner, as
+    ``SharedCache.start`` and ``SharedCacheConfig`` name them (``slots``, not
+    ``slot_count``); the ranges are ``CacheConfig``'s."""
+    budget = _int_arg(prefix + "budget_bytes", budget_bytes, _MIN_BUDGET, _MAX_BUDGET)
+    _int_arg(prefix + "max_entry_bytes", max_entry_bytes, 1, budget // 4)
+    _int_arg(prefix + "max_await_time_ms", max_await_time_ms, _MIN_AWAIT_MS, _MAX_AWAIT_MS)
+    _int_arg(prefix + "slots", slots, _MIN_SLOTS, _MAX_SLOTS)
+    if arena_bytes is not None and (
+        isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes <= 0
+    ):
+        raise CacheConfigurationError(f"{prefix}arena_bytes must be a positive int or None")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,18 +104,13 @@ class CacheConfig:
     stream_uri: str | None = None
 
     def __post_init__(self) -> None:
-        _int_arg("budget_bytes", self.budget_bytes, 64 * 1024, _MAX_BUDGET)
+        _int_arg("budget_bytes", self.budget_bytes, _MIN_BUDGET, _MAX_BUDGET)
         _int_arg("max_entry_bytes", self.max_entry_bytes, 1, self.budget_bytes // 4)
-        _int_arg("max_await_time_ms", self.max_await_time_ms, 10, 60_000)
+        _int_arg("max_await_time_ms", self.max_await_time_ms, _MIN_AWAIT_MS, _MAX_AWAIT_MS)
         if self.slot_count is not None:
-            _int_arg("slot_count", self.slot_count, 64, 1 << 26)
-        if self.stream_uri is not None and (
-            not isinstance(self.stream_uri, str)
-            or not self.stream_uri.startswith(("mongodb://", "mongodb+srv://"))
-        ):
-            raise CacheConfigurationError(
-                "stream_uri must be a 'mongodb://' or 'mongodb+srv://' connection string"
-            )
+            _int_arg("slot_count", self.slot_count, _MIN_SLOTS, _MAX_SLOTS)
+        if self.stream_uri is not None:
+            check_connection_string("stream_uri", self.stream_uri)
 
     @staticmethod
     def default_max_entry_bytes(budget_bytes: object) -> int:

@@ -59,6 +59,26 @@ class Collector:
         self.core.admit_documents(self.step, self.batches, self.count, self.oversize)
 
 
+def _plain_sort(key_or_list: Any, direction: Any) -> bool:
+    """``sort("a")``, ``sort("a", -1)``, ``sort([("a", 1), ("b", -1)])`` or
+    ``sort({"a": 1})``: arguments PyMongo's ``sort`` accepts, told without
+    asking it."""
+    if isinstance(key_or_list, str):
+        return direction in (None, 1, -1)
+    if direction is not None:
+        return False
+    if type(key_or_list) is dict:
+        pairs: Any = key_or_list.items()
+    elif type(key_or_list) is list:
+        pairs = key_or_list
+    else:
+        return False
+    return bool(pairs) and all(
+        type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] in (1, -1)
+        for pair in pairs
+    )
+
+
 class CursorBase:
     """What the sync and async cursors share: options, state, buffering."""
 
@@ -149,22 +169,40 @@ class CursorBase:
         self._kwargs[name] = value
         return self
 
+    # Each option method raises what PyMongo's cursor method raises, when it
+    # raises it (at the call, not at the first document): a value the cheap
+    # check does not accept is given to a PyMongo cursor of the same
+    # collection (built without I/O) to accept or reject.
+
+    def _pymongo_check(self, name: str, *values: Any) -> None:
+        getattr(self._raw.find(), name)(*values)
+
     def limit(self, limit: int) -> Any:
+        if type(limit) is not int:
+            self._pymongo_check("limit", limit)
         return self._set_option("limit", limit)
 
     def skip(self, skip: int) -> Any:
+        if type(skip) is not int or skip < 0:
+            self._pymongo_check("skip", skip)
         return self._set_option("skip", skip)
 
     def batch_size(self, batch_size: int) -> Any:
+        if type(batch_size) is not int or batch_size < 0:
+            self._pymongo_check("batch_size", batch_size)
         return self._set_option("batch_size", batch_size)
 
     def max_time_ms(self, max_time_ms: int | None) -> Any:
+        if max_time_ms is not None and type(max_time_ms) is not int:
+            self._pymongo_check("max_time_ms", max_time_ms)
         return self._set_option("max_time_ms", max_time_ms)
 
     def comment(self, comment: Any) -> Any:
         return self._set_option("comment", comment)
 
     def sort(self, key_or_list: Any, direction: Any = None) -> Any:
+        if not _plain_sort(key_or_list, direction):
+            self._pymongo_check("sort", key_or_list, direction)
         if isinstance(key_or_list, str):
             key_or_list = [(key_or_list, 1 if direction is None else direction)]
         return self._set_option("sort", key_or_list)

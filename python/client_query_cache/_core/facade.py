@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .config import CacheConfig, MiB
+from .config import CacheConfig, MiB, check_connection_string, check_owner_options, check_seconds
 from .engine import Engine
 from .errors import CacheConfigurationError
 from .read import CollectionCore
@@ -97,6 +97,23 @@ class DatabaseBase:
         return f"{type(self).__name__}({self._raw!r})"
 
 
+def _check_shared_config(config: SharedCacheConfig) -> None:
+    """What ``SharedCacheConfig`` leaves to the owner's start: checked when
+    the manager is built, not first when an owner must be (re)started, which
+    can be in the middle of a read long after."""
+    if config.uri is not None:
+        check_connection_string("SharedCacheConfig.uri", config.uri)
+    check_owner_options(
+        arena_bytes=config.arena_bytes,
+        budget_bytes=config.budget_bytes,
+        slots=config.slots,
+        max_entry_bytes=config.max_entry_bytes,
+        max_await_time_ms=config.max_await_time_ms,
+        prefix="SharedCacheConfig.",
+    )
+    check_seconds("SharedCacheConfig.grace_seconds", config.grace_seconds)
+
+
 class ManagerBase:
     """Configuration, the engine and access to cached databases."""
 
@@ -121,6 +138,12 @@ class ManagerBase:
                 f"client must be a pymongo.{self._client_type.__name__}, "
                 f"not {type(client).__name__}"
             )
+        if shared is not None and not isinstance(shared, (str, SharedCacheConfig)):
+            raise CacheConfigurationError(
+                f"shared must be a shared cache name (str) or a SharedCacheConfig, not {type(shared).__name__}"
+            )
+        if isinstance(shared, SharedCacheConfig):
+            _check_shared_config(shared)
         if max_entry_bytes is None:
             max_entry_bytes = CacheConfig.default_max_entry_bytes(budget_bytes)
         self._config = CacheConfig(
@@ -187,10 +210,11 @@ class ManagerBase:
         return self._engine.snapshot()
 
     @staticmethod
-    def _check_timeout(timeout: object) -> float:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-            raise CacheConfigurationError("timeout must be a non-negative number")
-        return float(timeout)
+    def _check_wait(timeout: object, database: object) -> float:
+        """``wait_ready``'s arguments: the timeout in seconds."""
+        if database is not None and not isinstance(database, str):
+            raise CacheConfigurationError(f"database must be a str or None, not {type(database).__name__}")
+        return check_seconds("timeout", timeout)
 
     @property
     def closed(self) -> bool:

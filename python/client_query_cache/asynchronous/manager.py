@@ -29,7 +29,7 @@ class AsyncCacheManager(ManagerBase):
 
     async def wait_ready(self, timeout: float = 10.0, database: str | None = None) -> bool:
         """Wait (without blocking the loop) until the change streams serve."""
-        deadline = time.monotonic() + self._check_timeout(timeout)
+        deadline = time.monotonic() + self._check_wait(timeout, database)
         while not self._engine.ready(database):
             if time.monotonic() >= deadline:
                 return False

@@ -29,7 +29,7 @@ class CacheManager(ManagerBase):
 
     def wait_ready(self, timeout: float = 10.0, database: str | None = None) -> bool:
         """Wait until the change streams (of ``database``, or all) serve."""
-        return self._engine.wait_ready(self._check_timeout(timeout), database)
+        return self._engine.wait_ready(self._check_wait(timeout, database), database)
 
     def close(self) -> None:
         """Stop the change streams. Idempotent; the client stays open."""
