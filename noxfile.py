@@ -30,6 +30,8 @@ ABI3AUDIT = "abi3audit==0.0.26"
 # builds two git revisions of this checkout side by side.
 SOURCE_TREE_ONLY = [
     "tests/test_guard_benchmark.py::test_the_guard_builds_and_runs_both_sides_end_to_end",
+    # Reads python/ and csrc/ for every exception they raise.
+    "tests/test_misuse.py::test_every_exception_type_the_package_raises_is_named_in_errors_md",
 ]
 
 
@@ -198,9 +200,11 @@ def _built_wheel(session: nox.Session) -> Path:
 
 
 def _stage_tests(work: Path) -> None:
-    """Copy tests/, benchmarks/ and the installed-wheel checks to ``work``,
-    outside the source tree, with the pytest options as a pytest.ini."""
-    for name in ("tests", "benchmarks"):
+    """Copy tests/, benchmarks/, examples/ and docs/ (the example's test runs
+    the app; the API and error references are checked against the installed
+    package) and the installed-wheel checks to ``work``, outside the source
+    tree, with the pytest options as a pytest.ini."""
+    for name in ("tests", "benchmarks", "examples", "docs"):
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
     _pytest_ini(work / "pytest.ini")

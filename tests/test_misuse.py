@@ -309,10 +309,12 @@ SHARED_START: list[tuple[str, dict[str, Any]]] = [
 ]
 
 #: What SharedCache.start (in _core/handle.py) does not name or check yet.
-SHARED_START_GAPS: list[tuple[str, dict[str, Any]]] = [
-    ("slots", {"slots": 1}),  # the message says slot_count
-    ("ready_timeout", {"ready_timeout": -1}),  # unchecked: the owner is killed at once
-    ("idle_exit_seconds", {"idle_exit_seconds": "soon"}),  # unchecked: the owner fails to start
+SHARED_START_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
+    ("slots", {"slots": 1}),
+    ("ready_timeout", {"ready_timeout": -1}),
+    ("ready_timeout", {"ready_timeout": "x"}),
+    ("idle_exit_seconds", {"idle_exit_seconds": "soon"}),
+    ("idle_exit_seconds", {"idle_exit_seconds": float("nan")}),
 ]
 
 
@@ -330,12 +332,24 @@ def test_shared_cache_start_rejects_a_bad_argument_naming_it(runtime_dir, server
     assert not list(runtime_dir.iterdir()), "no owner was started"
 
 
-@pytest.mark.xfail(strict=True, reason="SharedCache.start (_core/handle.py) does not check this argument by its name")
-@pytest.mark.parametrize(("argument", "kwargs"), SHARED_START_GAPS, ids=[a for a, _ in SHARED_START_GAPS])
-def test_shared_cache_start_gaps(runtime_dir, server_uri, argument, kwargs):
+@pytest.mark.parametrize(("argument", "kwargs"), SHARED_START_ARGUMENTS, ids=[a for a, _ in SHARED_START_ARGUMENTS])
+def test_shared_cache_start_checks_every_argument_before_the_owner_starts(runtime_dir, server_uri, argument, kwargs):
     with pytest.raises(CacheConfigurationError) as info:
         start_owner(server_uri, kwargs)
     assert_names(info.value, argument)
+    assert not list(runtime_dir.iterdir()), "no owner was started"
+
+
+def test_shared_cache_stop_checks_its_timeout(runtime_dir, server_uri):
+    from client_query_cache import SharedCache
+
+    owner = SharedCache.start("misuse", server_uri, budget_bytes=4 * 1024 * 1024, max_entry_bytes=1024 * 1024)
+    try:
+        with pytest.raises(CacheConfigurationError) as info:
+            owner.stop(timeout="soon")  # type: ignore[arg-type]
+        assert_names(info.value, "timeout")
+    finally:
+        owner.stop(timeout=10)
 
 
 # == reads: PyMongo's errors, unchanged =============================================

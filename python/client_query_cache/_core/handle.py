@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from .config import CacheConfig, MiB
+from .config import MiB, check_owner_options, check_seconds
 from .errors import CacheConfigurationError
 from .shared import (
     OwnerLink,
@@ -56,17 +56,21 @@ class SharedCache:
         ``uri``, and return once it accepts workers. With
         ``idle_exit_seconds``, the owner exits that long after its last
         worker detached (how auto-started owners end)."""
+        # Every argument is checked before the owner process exists: a
+        # late error would leave it running and holding the name.
         validate_name(name)
         if not isinstance(uri, str) or not uri.startswith(("mongodb://", "mongodb+srv://")):
             raise CacheConfigurationError("uri must be a 'mongodb://' or 'mongodb+srv://' connection string")
-        CacheConfig(
+        check_owner_options(
+            arena_bytes=arena_bytes,
             budget_bytes=budget_bytes,
+            slots=slots,
             max_entry_bytes=max_entry_bytes,
             max_await_time_ms=max_await_time_ms,
-            slot_count=slots,
         )
-        if arena_bytes is not None and (isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes <= 0):
-            raise CacheConfigurationError("arena_bytes must be a positive int")
+        if idle_exit_seconds is not None:
+            idle_exit_seconds = check_seconds("idle_exit_seconds", idle_exit_seconds)
+        ready_timeout = check_seconds("ready_timeout", ready_timeout)
         try:
             # Parsed here, not in the owner: the owner does not import PyMongo
             # (its memory counts against the cache's saving).
@@ -137,6 +141,7 @@ class SharedCache:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the owner; workers fall back to MongoDB until one runs again."""
+        timeout = check_seconds("timeout", timeout)
         if self._process is not None and self._process.poll() is not None:
             return
         with contextlib.suppress(OSError, SharedCacheError):
