@@ -39,8 +39,9 @@ heal, then reads until the cache serves a hit again and 0.5 s more):
                   after every write), gets SIGKILL three times, each time
                   at a random point of its work (a new one is started after
                   each kill)
-  ring_full       documents of 200 KB; the owner is stopped for 1 s, so the
-                  worker's ring fills and its admissions are dropped
+  ring_full       documents of 200 KB; the owner is stopped for 1 s and the
+                  worker misses at once on 12 queries never read before, so
+                  its ring fills and its admissions are dropped
   arena_full      documents of 32 KB, 64 of them, through a 1 MiB arena:
                   eviction all the time, for 2 s
 
@@ -112,6 +113,9 @@ class Context:
     owner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Spawned worker processes (worker_killed).
     workers: list[Any] = dataclasses.field(default_factory=list)
+    #: The cached collection the reader reads, and how many documents.
+    cached: Any = None
+    docs: int = DOCS
 
     def start_owner(self) -> None:
         from client_query_cache import SharedCache
@@ -199,6 +203,16 @@ def _stop_owner_process(ctx: Context) -> None:
     os.kill(ctx.owner.pid, signal.SIGSTOP)
 
 
+def _stop_owner_and_fill_ring(ctx: Context) -> None:
+    """Stop the owner, then miss at once on queries never read before: their
+    admissions (200 KB each) go to this worker's ring, which nobody drains,
+    until it is full (before the owner's heartbeat is stale and reads
+    bypass)."""
+    _stop_owner_process(ctx)
+    for k in range(ctx.docs):
+        ctx.cached.find_one({"_id": k, "pad": {"$exists": True}})
+
+
 def _continue_owner(ctx: Context) -> None:
     os.kill(ctx.owner.pid, signal.SIGCONT)
 
@@ -250,7 +264,7 @@ SCENARIOS = {
         ),
         Scenario(
             "ring_full",
-            _stop_owner_process,
+            _stop_owner_and_fill_ring,
             _continue_owner,
             1.0,
             shared=True,
@@ -534,6 +548,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
                 server.stop()
             manager = CacheManager(client, max_await_time_ms=MAX_AWAIT_MS, stream_uri=proxy.uri)
         coll = manager[ctx.db][ctx.coll]
+        ctx.cached, ctx.docs = coll, scenario.docs
         reader = Reader(manager, coll, ctx.db, scenario.docs, seed)
         if not scenario.down_at_start:
             coll.find_one({"_id": 0})

@@ -78,18 +78,32 @@ def test_a_stopped_server_makes_reads_bypass_within_the_stall_bound_and_caching_
             assert not cache.wait_ready(0, database="outage")
 
             server.start()
-            writer.outage.items.update_one({"_id": 1}, {"$set": {"v": 2}})
+            wait_until(
+                lambda: cache.wait_ready(0, database="outage"),
+                timeout=30,
+                what="the stream serves again after restart",
+            )
+            with writer.start_session(causal_consistency=False) as session:
+                writer.outage.items.update_one({"_id": 1}, {"$set": {"v": 2}}, session=session)
+                written = session.operation_time
 
-            # From the acknowledged write on, the old version is never served.
-            def fresh_and_healthy() -> bool:
+            # The resumed stream delivers the write; once the cache has applied
+            # it, the old version is never served again.
+            def applied() -> bool:
+                t = stream_of(cache, "outage").applied_time
+                return t is not None and t >= written
+
+            wait_until(applied, timeout=30, what="the write after the restart is applied")
+
+            def fresh() -> bool:
                 try:
                     doc = coll.find_one({"_id": 1})
                 except ConnectionFailure:
                     return False  # the reader is still reconnecting
                 assert doc == {"_id": 1, "v": 2}, f"stale read after restart: {doc!r}"
-                return stream_of(cache, "outage").state == StreamState.HEALTHY
+                return True
 
-            wait_until(fresh_and_healthy, timeout=30, what="the stream serves again after restart")
+            wait_until(fresh, timeout=30, what="the reader reconnects")
             _cache_twice(cache, coll, {"_id": 1, "v": 2})
             assert stream_of(cache, "outage").reconnects >= 1
         finally:
