@@ -9,7 +9,7 @@ import os
 import platform
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import bson
@@ -115,3 +115,19 @@ def exit_code(problems: Sequence[str], headline: str = "CHECKS FAILED:") -> int:
     for p in problems:
         print(f"  {p}", file=sys.stderr)
     return 1
+
+
+def conclude(
+    report: dict[str, Any],
+    problems: Sequence[str],
+    print_report: Callable[[dict[str, Any]], None],
+    json_path: str | None,
+) -> int:
+    """The end of a checked benchmark: record the checks in the report,
+    print it, write it as JSON if asked, and return the exit code."""
+    report["checks"] = {"passed": not problems, "problems": list(problems)}
+    print_report(report)
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
+    return exit_code(problems)

@@ -63,7 +63,7 @@ from typing import Any
 
 import pymongo
 
-from ._common import exit_code, machine_facts, quantile, write_json
+from ._common import conclude, machine_facts, quantile
 from .workloads import BenchmarkFailed, Status, _start_owner, _stop_owner, _Workers
 
 SCHEMA = "cqc.coherence/1"
@@ -343,24 +343,12 @@ async def _async_worker_run(spec: dict[str, Any], counters: Any, stop: Any, fina
         await client.close()
 
 
-def _worker_main(
-    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any, results: Any
-) -> None:
-    """Entry point of a spawned worker: its result or its traceback on the queue."""
-    import traceback
-
+def _worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any) -> dict[str, Any]:
+    """A spawned reader (``workloads._Workers``' protocol): sync or async."""
     del pace  # the writers do not pace these workers
-    try:
-        if spec["api"] == "sync":
-            result = _sync_worker(spec, counters, stop, final, barrier)
-        else:
-            result = asyncio.run(_async_worker_run(spec, counters, stop, final, barrier))
-        results.put(("result", spec["index"], result))
-    except BaseException:
-        results.put(("error", spec["index"], traceback.format_exc()))
-        with contextlib.suppress(Exception):
-            barrier.abort()
-        raise SystemExit(1) from None
+    if spec["api"] == "sync":
+        return _sync_worker(spec, counters, stop, final, barrier)
+    return asyncio.run(_async_worker_run(spec, counters, stop, final, barrier))
 
 
 # ============================================================================
@@ -590,7 +578,7 @@ def run_path(
                 }
                 for n in range(workers)
             ],
-            target=_worker_main,
+            work=_worker,
         )
         pool.meet(timeout, f"{label}: start (workers warm)")
         status(f"{label}: {writes} writes by {writers} writers")
@@ -775,13 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     report["elapsed_seconds"] = time.perf_counter() - started
-    problems = checks(report)
-    report["checks"] = {"passed": not problems, "problems": problems}
-    print_report(report)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return exit_code(problems)
+    return conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ import pymongo
 from bson.int64 import Int64
 from pymongo.errors import PyMongoError
 
-from ._common import exit_code, machine_facts, write_json
+from ._common import conclude, machine_facts
 from ._proxy import FaultProxy
 from .coherence import Oracle, Write, applied_time
 
@@ -715,13 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stale_reads": sum(r["stale_reads"] for r in results),
         "elapsed_seconds": time.perf_counter() - started,
     }
-    problems = checks(report)
-    report["checks"] = {"passed": not problems, "problems": problems}
-    print_report(report)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return exit_code(problems)
+    return conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ import psutil
 import pymongo
 from pymongo.errors import PyMongoError
 
-from ._common import exit_code, machine_facts, write_json
+from ._common import conclude, machine_facts
 from .coherence import Oracle, Write, applied_time, check_document, check_reads, document
 from .workloads import ZIPF_S, BenchmarkFailed, Status, _stop_owner, _Workers
 
@@ -447,22 +447,11 @@ def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> d
         client.close()
 
 
-def _worker_main(
-    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any, results: Any
-) -> None:
-    """Entry point of a spawned worker (``workloads._Workers``' protocol; the
-    per-worker counters are ``spec["stats"]``)."""
-    import traceback
-
+def _worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any) -> dict[str, Any]:
+    """A spawned worker (``workloads._Workers``' protocol; the per-worker
+    counters are ``spec["stats"]``)."""
     del counters, final, pace
-    try:
-        result = _soak_worker(spec, spec["stats"], stop, barrier)
-        results.put(("result", spec["index"], result))
-    except BaseException:
-        results.put(("error", spec["index"], traceback.format_exc()))
-        with contextlib.suppress(Exception):
-            barrier.abort()
-        raise SystemExit(1) from None
+    return _soak_worker(spec, spec["stats"], stop, barrier)
 
 
 # ============================================================================
@@ -754,7 +743,7 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
                 }
                 for n in range(args.workers)
             ],
-            target=_worker_main,
+            work=_worker,
         )
         pool.meet(args.timeout, "start (workers attached)")
         sampler = Sampler(owner, pool.procs, stats, args.workers, interval)
@@ -1069,13 +1058,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    problems = checks(report)
-    report["checks"] = {"passed": not problems, "problems": problems}
-    print_report(report)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return exit_code(problems)
+    return conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

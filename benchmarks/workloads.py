@@ -655,12 +655,21 @@ def _inv_worker(
         client.close()
 
 
-def _inv_worker_main(
-    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any, results: Any
+def _worker_entry(
+    work: Callable[..., dict[str, Any]],
+    spec: dict[str, Any],
+    counters: Any,
+    stop: Any,
+    final: Any,
+    pace: Any,
+    barrier: Any,
+    results: Any,
 ) -> None:
-    """Entry point of a spawned worker: its result or its traceback on the queue."""
+    """Entry point of a spawned worker: ``work``'s result, or its traceback,
+    on the queue; a failure also breaks the barrier so the parent stops
+    waiting."""
     try:
-        results.put(("result", spec["index"], _inv_worker(spec, counters, stop, final, pace, barrier)))
+        results.put(("result", spec["index"], work(spec, counters, stop, final, pace, barrier)))
     except BaseException:
         results.put(("error", spec["index"], traceback.format_exc()))
         with contextlib.suppress(Exception):
@@ -694,13 +703,14 @@ class _Workers:
         self._watch_stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
 
-    def start(self, specs: Sequence[dict[str, Any]], target: Callable[..., None] | None = None) -> None:
-        """Spawn one process per spec running ``target(spec, counters, stop,
-        final, pace, barrier, results)`` (default: the invalidation worker)."""
+    def start(self, specs: Sequence[dict[str, Any]], work: Callable[..., dict[str, Any]] | None = None) -> None:
+        """Spawn one process per spec running ``work(spec, counters, stop,
+        final, pace, barrier)`` (a module-level function, default the
+        invalidation worker), whose result or traceback the queue gets."""
         for spec in specs:
             p = self.ctx.Process(
-                target=target or _inv_worker_main,
-                args=(spec, self.counters, self.stop, self.final, self.pace, self.barrier, self.results),
+                target=_worker_entry,
+                args=(work or _inv_worker, spec, self.counters, self.stop, self.final, self.pace, self.barrier, self.results),
                 name=f"wl-worker-{spec['index']}",
             )
             p.start()
