@@ -246,6 +246,24 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
    return CQC_STREAM_HEALTHY;
 }
 
+uint64_t
+cqc_arena_r_applied (const cqc_arena_t *a, uint32_t db_idx)
+{
+   if (db_idx >= a->geo.db_count) {
+      return 0;
+   }
+   return LOAD (&a->dbs[db_idx].applied_ts);
+}
+
+uint64_t
+cqc_arena_r_quiet (const cqc_arena_t *a, uint32_t db_idx)
+{
+   if (db_idx >= a->geo.db_count) {
+      return 0;
+   }
+   return LOAD (&a->dbs[db_idx].quiet_ns);
+}
+
 bool
 cqc_arena_r_ns_find (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx)
 {

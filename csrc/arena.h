@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
-#define CQC_LAYOUT_VERSION 4u
+#define CQC_LAYOUT_VERSION 5u
 
 #define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
 #define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
@@ -98,12 +98,23 @@ typedef struct {
    uint64_t reconnects;
    uint64_t history_lost; /* times every entry was dropped for lost history */
    /* Cluster time ((seconds << 32) | increment) up to which every write to
-    * the database is reflected: the last applied event's, or the time read
-    * before a stream opened without a resume token (its entries were dropped
-    * or never existed) once that stream is healthy. Stored with release
-    * order after the invalidation it covers; 0 until known. Never used by
-    * the cache itself: it lets a checker tell which writes a read must see. */
+    * the database is reflected: the last applied event's, the time of the
+    * postBatchResumeToken of an empty batch (every event up to it has been
+    * applied), or the time read before a stream opened without a resume
+    * token (its entries were dropped or never existed) once that stream is
+    * healthy. Stored with release order after the invalidation it covers;
+    * 0 until known. Readers compare it with their process's causal floor
+    * (a hit is served only once it reaches the highest cluster time the
+    * process has observed from the database), and checkers use it to tell
+    * which writes a read must see. */
    uint64_t applied_ts;
+   /* CLOCK_MONOTONIC at which the last stream round that came back empty
+    * began: every event visible to the server before then has been applied.
+    * On a deployment of one member, where every acknowledged write and every
+    * read is majority-committed, that covers whatever this host read or
+    * wrote before it (module.c, the causal floor). Release order, like
+    * applied_ts; 0 until known. */
+   uint64_t quiet_ns;
    char name[CQC_DB_NAME_MAX];
 } cqc_db_t;
 
@@ -226,6 +237,14 @@ uint64_t cqc_now_ns (void);
 /* State of a database as a reader sees it: HEALTHY only when the stream is
  * established and has made progress within its stall bound. */
 cqc_stream_state_t cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled);
+
+/* The database's applied time (cqc_db_t.applied_ts), loaded with acquire
+ * order: entries found after this load reflect every invalidation it covers.
+ * 0 for an index out of range. */
+uint64_t cqc_arena_r_applied (const cqc_arena_t *a, uint32_t db_idx);
+
+/* The database's quiet time (cqc_db_t.quiet_ns), acquire; 0 out of range. */
+uint64_t cqc_arena_r_quiet (const cqc_arena_t *a, uint32_t db_idx);
 
 /* Find a namespace by name without the lock. Returns false if absent. */
 bool cqc_arena_r_ns_find (const cqc_arena_t *a, const char *name, size_t len, uint32_t *idx);

@@ -39,6 +39,7 @@
 static PyObject *g_miss;      /* no valid entry: read MongoDB and admit */
 static PyObject *g_unhealthy; /* the database's stream does not serve */
 static PyObject *g_fallback;  /* the fast path cannot encode this _id */
+static PyObject *g_behind;    /* the applied time is behind the causal floor */
 
 /* Bumped in a child after fork(): a Cache from before refuses to work. */
 static volatile uint64_t g_fork_gen;
@@ -62,6 +63,20 @@ enum {
 
 #define ADMIT_QUEUED 16
 #define ADMIT_DROPPED 17
+
+/* Keys admitted by this process's own misses, each with the causal floor
+ * its database had when the miss was the last thing the process observed
+ * there (see lookup_key): MEMO_WAYS entries per bucket, found by key hash.
+ * An entry whose floor is no longer its database's is free. */
+#define MEMO_BUCKETS 1024
+#define MEMO_WAYS 8
+
+typedef struct {
+   uint64_t hash;
+   uint64_t floor_ts;
+   uint32_t db_idx;
+   uint32_t used;
+} memo_t;
 
 typedef struct {
    PyObject_HEAD
@@ -89,6 +104,24 @@ typedef struct {
    uint64_t not_found_hits;
    uint64_t misses;
    uint64_t unhealthy;
+   uint64_t behind; /* lookups refused by the causal floor */
+   /* The causal floor, by db_idx, in two parts (observe()): the highest
+    * cluster time this process has observed from the database, and, on a
+    * deployment of one member, the CLOCK_MONOTONIC time it observed it at
+    * (0 elsewhere). A hit is served only once the database's applied time
+    * has reached the first, or a stream round that began after the second
+    * came back empty (cqc_db_t.quiet_ns), so a process never reads a version
+    * older than one it has already been given. Raised with the GIL held and
+    * read by lookups with it; never lowered. */
+   uint64_t *floor_ts;
+   uint64_t *floor_ns;
+   /* On a deployment of one member, a miss whose own read is the newest
+    * thing the process observed from its database reflects everything the
+    * process has seen there: its entry may be served while the floor it
+    * raised is unchanged, before the stream catches up (admit()'s
+    * memo_floor). Process-local; matched by the key's 64-bit hash. */
+   memo_t *memo; /* MEMO_BUCKETS * MEMO_WAYS */
+   uint32_t memo_next; /* the way replaced when a bucket has none free */
 } CacheObject;
 
 typedef struct {
@@ -354,7 +387,10 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
    self->mem_len = need;
    self->streams = PyMem_Calloc (self->arena.geo.db_count, sizeof (cqc_stream_t *));
    self->final_info = PyMem_Calloc (self->arena.geo.db_count, sizeof (cqc_stream_info_t));
-   if (!self->streams || !self->final_info) {
+   self->floor_ts = PyMem_Calloc (self->arena.geo.db_count, sizeof (uint64_t));
+   self->floor_ns = PyMem_Calloc (self->arena.geo.db_count, sizeof (uint64_t));
+   self->memo = PyMem_Calloc (MEMO_BUCKETS * MEMO_WAYS, sizeof (memo_t));
+   if (!self->streams || !self->final_info || !self->floor_ts || !self->floor_ns || !self->memo) {
       PyErr_NoMemory ();
       return -1;
    }
@@ -473,6 +509,9 @@ Cache_dealloc (CacheObject *self)
    }
    PyMem_Free (self->streams);
    PyMem_Free (self->final_info);
+   PyMem_Free (self->floor_ts);
+   PyMem_Free (self->floor_ns);
+   PyMem_Free (self->memo);
    if (self->uri) {
       memset (self->uri, 0, strlen (self->uri));
       free (self->uri);
@@ -600,6 +639,25 @@ encode_id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
 /* Lookups                                                                  */
 /* ------------------------------------------------------------------------ */
 
+static bool
+memo_current (const CacheObject *self, const memo_t *m)
+{
+   return m->used && m->floor_ts == self->floor_ts[m->db_idx];
+}
+
+static bool
+memo_allows (const CacheObject *self, uint32_t db_idx, uint64_t hash)
+{
+   const memo_t *bucket = &self->memo[(hash % MEMO_BUCKETS) * MEMO_WAYS];
+   uint32_t w;
+   for (w = 0; w < MEMO_WAYS; w++) {
+      if (bucket[w].hash == hash && bucket[w].db_idx == db_idx && memo_current (self, &bucket[w])) {
+         return true;
+      }
+   }
+   return false;
+}
+
 /* Look up a built key; returns a new reference (the entry decoded with
  * decode(bytes, codec_options), None, or a sentinel) or NULL with an
  * exception. */
@@ -610,6 +668,8 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k
    alloc_ctx_t ctx = {NULL};
    bool stalled;
    cqc_lookup_t r;
+   uint64_t hash;
+   bool behind;
    PyObject *doc;
 
    if (cqc_arena_r_db_state (&self->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
@@ -617,12 +677,28 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k
       Py_INCREF (g_unhealthy);
       return g_unhealthy;
    }
-   r = cqc_arena_r_lookup (&self->arena, ns_idx, cqc_hash_bytes (k->buf, k->len, 0), k->buf,
-                           k->len, alloc_bytes, discard_bytes, &ctx);
+   /* The causal floor. Acquire: the lookup below sees every invalidation
+    * the applied (or quiet) time covers, so an entry it finds is at least
+    * as new as the floor. Behind it, an entry found may be older than what
+    * the process has seen and is not served; a miss still is one (its read
+    * goes to MongoDB and is admitted). */
+   hash = cqc_hash_bytes (k->buf, k->len, 0);
+   behind = cqc_arena_r_applied (&self->arena, db_idx) < self->floor_ts[db_idx] &&
+            (!self->floor_ns[db_idx] ||
+             cqc_arena_r_quiet (&self->arena, db_idx) < self->floor_ns[db_idx]) &&
+            !memo_allows (self, db_idx, hash);
+   r = cqc_arena_r_lookup (&self->arena, ns_idx, hash, k->buf, k->len, alloc_bytes, discard_bytes,
+                           &ctx);
    if (r == CQC_LOOKUP_MISS) {
       self->misses++;
       Py_INCREF (g_miss);
       return g_miss;
+   }
+   if (behind) {
+      Py_XDECREF (ctx.bytes);
+      self->behind++;
+      Py_INCREF (g_behind);
+      return g_behind;
    }
    self->hits++;
    if (r == CQC_LOOKUP_NOT_FOUND) {
@@ -781,11 +857,43 @@ Cache_capture (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    return PyBytes_FromStringAndSize ((const char *) &tok, sizeof tok);
 }
 
-/* admit(token, kind, filter_bson, rest, value_or_None) -> result code; kind
- * may carry CQC_KIND_REBIND (the constant KIND_REBIND). */
+/* Remember a key this process's own miss admitted (see CacheObject.memo). */
+static void
+memo_record (CacheObject *self, const cqc_token_t *tok, const key_t_ *k, uint64_t floor_ts)
+{
+   uint64_t hash;
+   memo_t *bucket, *slot = NULL;
+   uint32_t w;
+
+   if (!floor_ts || tok->db_idx >= self->arena.geo.db_count) {
+      return;
+   }
+   hash = cqc_hash_bytes (k->buf, k->len, 0);
+   bucket = &self->memo[(hash % MEMO_BUCKETS) * MEMO_WAYS];
+   for (w = 0; w < MEMO_WAYS && !slot; w++) {
+      if (bucket[w].hash == hash && bucket[w].db_idx == tok->db_idx) {
+         slot = &bucket[w]; /* the same key again */
+      }
+   }
+   for (w = 0; w < MEMO_WAYS && !slot; w++) {
+      if (!memo_current (self, &bucket[w])) {
+         slot = &bucket[w];
+      }
+   }
+   if (!slot) {
+      slot = &bucket[self->memo_next++ % MEMO_WAYS];
+   }
+   *slot = (memo_t){hash, floor_ts, tok->db_idx, 1};
+}
+
+/* admit(token, kind, filter_bson, rest, value_or_None[, memo_floor]) ->
+ * result code; kind may carry CQC_KIND_REBIND (the constant KIND_REBIND).
+ * memo_floor (0: none): the database's causal floor this miss's read stands
+ * for, when nothing else was observed there since its token was taken. */
 static PyObject *
 Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
+   unsigned long long memo_floor = 0;
    uint32_t kind;
    Py_buffer tb = {0}, fb = {0}, rb = {0}, vb = {0};
    key_t_ k = {.buf = NULL};
@@ -795,12 +903,18 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    bool identity, rebind;
    PyObject *res = NULL;
 
-   if (nargs != 5) {
-      PyErr_SetString (PyExc_TypeError, "admit takes 5 arguments");
+   if (nargs != 5 && nargs != 6) {
+      PyErr_SetString (PyExc_TypeError, "admit takes 5 or 6 arguments");
       return NULL;
    }
    if (!check_usable (self) || !parse_idx (args[1], &kind, 256, "kind")) {
       return NULL;
+   }
+   if (nargs == 6) {
+      memo_floor = PyLong_AsUnsignedLongLong (args[5]);
+      if (memo_floor == (unsigned long long) -1 && PyErr_Occurred ()) {
+         return NULL;
+      }
    }
    /* kind | CQC_KIND_REBIND: a find_one by a unique key, to be validated by
     * the identity of the document it found (cqc_arena_w_rebind). */
@@ -829,16 +943,20 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       PyErr_SetString (PyExc_ValueError, "token does not match the filter");
       goto cleanup;
    }
+   if ((self->mode != MODE_WORKER || memo_floor) &&
+       !key_build (&k, (uint8_t) kind, tok.ns_idx, fb.buf, (uint32_t) fb.len, rb.buf,
+                   (uint32_t) rb.len)) {
+      goto cleanup;
+   }
    if (self->mode == MODE_WORKER) {
       bool pushed = cqc_ring_push (self->seg, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0u)),
                                    vb.obj == NULL, &tok, fb.buf,
                                    (uint32_t) fb.len, rb.buf, (uint32_t) rb.len,
                                    vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0);
+      if (pushed) {
+         memo_record (self, &tok, &k, memo_floor);
+      }
       res = PyLong_FromLong (pushed ? ADMIT_QUEUED : ADMIT_DROPPED);
-      goto cleanup;
-   }
-   if (!key_build (&k, (uint8_t) kind, tok.ns_idx, fb.buf, (uint32_t) fb.len, rb.buf,
-                   (uint32_t) rb.len)) {
       goto cleanup;
    }
    pthread_mutex_lock (&self->lock);
@@ -849,6 +967,9 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                           vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0,
                           vb.obj ? 0 : CQC_ENTRY_NOT_FOUND);
    pthread_mutex_unlock (&self->lock);
+   if (r == CQC_ADMIT_OK) {
+      memo_record (self, &tok, &k, memo_floor);
+   }
    res = PyLong_FromLong ((long) r);
 cleanup:
    key_free (&k);
@@ -912,6 +1033,51 @@ Cache_register (CacheObject *self, PyObject *args)
       }
    }
    return Py_BuildValue ("(II)", ns_idx, db_idx);
+}
+
+/* observe(db_idx, cluster_time, monotonic_ns): raise the database's causal
+ * floor to the cluster time ((seconds << 32) | increment) of something this
+ * process read or wrote and, on a deployment of one member, the time it did
+ * (0: no such proof); lower values leave the floor as it is. */
+static PyObject *
+Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t db_idx;
+   unsigned long long ts, ns;
+
+   if (nargs != 3) {
+      PyErr_SetString (PyExc_TypeError, "observe takes 3 arguments");
+      return NULL;
+   }
+   if (!check_usable (self) || !parse_idx (args[0], &db_idx, self->arena.geo.db_count, "db_idx")) {
+      return NULL;
+   }
+   ts = PyLong_AsUnsignedLongLong (args[1]);
+   if (ts == (unsigned long long) -1 && PyErr_Occurred ()) {
+      return NULL;
+   }
+   ns = PyLong_AsUnsignedLongLong (args[2]);
+   if (ns == (unsigned long long) -1 && PyErr_Occurred ()) {
+      return NULL;
+   }
+   if (ts > self->floor_ts[db_idx]) {
+      self->floor_ts[db_idx] = ts;
+   }
+   if (ns > self->floor_ns[db_idx]) {
+      self->floor_ns[db_idx] = ns;
+   }
+   Py_RETURN_NONE;
+}
+
+/* applied(db_idx) -> the database's applied time as readers see it. */
+static PyObject *
+Cache_applied (CacheObject *self, PyObject *arg)
+{
+   uint32_t db_idx;
+   if (!check_usable (self) || !parse_idx (arg, &db_idx, self->arena.geo.db_count, "db_idx")) {
+      return NULL;
+   }
+   return PyLong_FromUnsignedLongLong (cqc_arena_r_applied (&self->arena, db_idx));
 }
 
 /* db_state(db_idx) -> (state, stalled) as readers see it. */
@@ -999,6 +1165,7 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
    SET_U64 (d, "not_found_hits", self->not_found_hits);
    SET_U64 (d, "misses", self->misses);
    SET_U64 (d, "unhealthy_lookups", self->unhealthy);
+   SET_U64 (d, "behind_lookups", self->behind);
    SET_U64 (d, "admissions", h.admissions);
    SET_U64 (d, "rejected_stale", h.rejected_stale);
    SET_U64 (d, "rejected_unhealthy", h.rejected_health);
@@ -1201,6 +1368,9 @@ static PyMethodDef Cache_methods[] = {
    {"register", (PyCFunction) Cache_register, METH_VARARGS,
     "register(db, coll) -> (ns_idx, db_idx)."},
    {"db_state", (PyCFunction) Cache_db_state, METH_O, "db_state(db_idx) -> (state, stalled)."},
+   {"observe", (PyCFunction) (void (*) (void)) Cache_observe, METH_FASTCALL,
+    "observe(db_idx, cluster_time, monotonic_ns): raise the database's causal floor."},
+   {"applied", (PyCFunction) Cache_applied, METH_O, "applied(db_idx) -> applied cluster time."},
    {"ns_epoch", (PyCFunction) Cache_ns_epoch, METH_O, "ns_epoch(ns_idx) -> (epoch, incarnation)."},
    {"stats", (PyCFunction) Cache_stats, METH_NOARGS, "Arena and lookup counters."},
    {"streams", (PyCFunction) Cache_streams, METH_NOARGS, "Change-stream followers."},
@@ -1311,7 +1481,8 @@ PyInit__native (void)
    g_miss = make_sentinel ("miss");
    g_unhealthy = make_sentinel ("unhealthy");
    g_fallback = make_sentinel ("fallback");
-   if (!g_miss || !g_unhealthy || !g_fallback) {
+   g_behind = make_sentinel ("behind");
+   if (!g_miss || !g_unhealthy || !g_fallback || !g_behind) {
       Py_DECREF (cache_type);
       Py_DECREF (m);
       return NULL;
@@ -1324,6 +1495,7 @@ PyInit__native (void)
    if (PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
        PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
        PyModule_AddObjectRef (m, "FALLBACK", g_fallback) < 0 ||
+       PyModule_AddObjectRef (m, "BEHIND", g_behind) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_OK", CQC_ADMIT_OK) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_STALE", CQC_ADMIT_STALE) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_UNHEALTHY", CQC_ADMIT_UNHEALTHY) < 0 ||

@@ -144,6 +144,84 @@ publish_applied_w (cqc_stream_t *s, uint32_t t, uint32_t i)
    }
 }
 
+/* Longest "_data" of the BSON layout decoded, in bytes (MongoDB's tokens
+ * need only their first 9). */
+#define TOKEN_DECODE_MAX 512
+
+static int
+hex_value (char c)
+{
+   if (c >= '0' && c <= '9') {
+      return c - '0';
+   }
+   if (c >= 'a' && c <= 'f') {
+      return c - 'a' + 10;
+   }
+   if (c >= 'A' && c <= 'F') {
+      return c - 'A' + 10;
+   }
+   return -1;
+}
+
+/* Decode n bytes of hex text into out; false on a character that is not hex. */
+static bool
+hex_decode (const char *hex, uint8_t *out, size_t n)
+{
+   size_t k;
+   for (k = 0; k < n; k++) {
+      int hi = hex_value (hex[2 * k]), lo = hex_value (hex[2 * k + 1]);
+      if (hi < 0 || lo < 0) {
+         return false;
+      }
+      out[k] = (uint8_t) (hi << 4 | lo);
+   }
+   return true;
+}
+
+static uint32_t
+be32 (const uint8_t *p)
+{
+   return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
+}
+
+/* The cluster time a resume token stands for, for the layouts known here.
+ * Its "_data" string is hex text of either
+ *   - MongoDB's KeyString, whose first value is the event's (or, for a
+ *     postBatchResumeToken, the scanned) cluster time: type byte 0x82, then
+ *     seconds and increment big-endian; or
+ *   - a BSON document whose field "t" is a Timestamp (SecantusDB's layout).
+ * Any other token gives false: the applied time then moves with events only,
+ * which is safe (the causal floor is reached later, never early). */
+static bool
+resume_token_time (const bson_t *token, uint32_t *t, uint32_t *i)
+{
+   bson_iter_t it;
+   const char *hex;
+   uint32_t len;
+   uint8_t buf[TOKEN_DECODE_MAX];
+   bson_t doc;
+
+   if (!token || !bson_iter_init_find (&it, token, "_data") || !BSON_ITER_HOLDS_UTF8 (&it)) {
+      return false;
+   }
+   hex = bson_iter_utf8 (&it, &len);
+   if (len >= 18 && hex[0] == '8' && hex[1] == '2') {
+      if (!hex_decode (hex, buf, 9)) {
+         return false;
+      }
+      *t = be32 (buf + 1);
+      *i = be32 (buf + 5);
+      return true;
+   }
+   if (len % 2 || len / 2 > sizeof buf || !hex_decode (hex, buf, len / 2) ||
+       !bson_init_static (&doc, buf, len / 2) || !bson_iter_init_find (&it, &doc, "t") ||
+       !BSON_ITER_HOLDS_TIMESTAMP (&it)) {
+      return false;
+   }
+   bson_iter_timestamp (&it, t, i);
+   return true;
+}
+
 /* ======================================================================== */
 /* Applying events                                                          */
 /* ======================================================================== */
@@ -425,11 +503,18 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
    const bson_t *doc;
    const bson_t *reply = NULL;
    bool healthy = false;
+   uint32_t pbrt_t, pbrt_i;
 
    while (!should_stop (s)) {
-      while (mongoc_change_stream_next (cs, &doc)) {
+      /* When this round began: if it comes back empty, every event the
+       * server could show before then has been applied (quiet_ns). */
+      uint64_t round_ns = cqc_now_ns ();
+      for (;; round_ns = cqc_now_ns ()) {
          bson_iter_t it;
          bool invalidated;
+         if (!mongoc_change_stream_next (cs, &doc)) {
+            break;
+         }
          if (healthy && distrusted (s)) {
             catch_up_first (s, f, client);
             healthy = false;
@@ -458,8 +543,15 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
       if (mongoc_change_stream_error_document (cs, error, &reply)) {
          return false;
       }
-      /* An empty batch: caught up with the server. */
+      /* An empty batch: caught up with the server. Every event up to its
+       * postBatchResumeToken has been applied above. */
       save_token (f, mongoc_change_stream_get_resume_token (cs), false);
+      pthread_mutex_lock (s->w.lock);
+      if (resume_token_time (f->token, &pbrt_t, &pbrt_i)) {
+         publish_applied_w (s, pbrt_t, pbrt_i);
+      }
+      __atomic_store_n (&s->w.arena->dbs[s->db_idx].quiet_ns, round_ns, __ATOMIC_RELEASE);
+      pthread_mutex_unlock (s->w.lock);
       if (healthy && distrusted (s)) {
          /* This batch may predate the pause: the next one tells. */
          catch_up_first (s, f, client);

@@ -235,6 +235,26 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    f.open_t = 100;
    f.open_i = 5;
 
+   /* Its resume token (the event's _id) is decoded within its string, and
+    * MongoDB's layout gives the time its first nine bytes hold. */
+   if (bson_iter_init_find (&it, &doc, "_id") && BSON_ITER_HOLDS_DOCUMENT (&it)) {
+      bson_t token;
+      const uint8_t *tdata;
+      uint32_t tlen, tt, ti;
+      bson_iter_document (&it, &tlen, &tdata);
+      if (bson_init_static (&token, tdata, tlen) && resume_token_time (&token, &tt, &ti) &&
+          bson_iter_init_find (&id, &token, "_data") && BSON_ITER_HOLDS_UTF8 (&id)) {
+         const char *hex = bson_iter_utf8 (&id, NULL);
+         if (hex[0] == '8' && hex[1] == '2') {
+            char part[9] = {0};
+            memcpy (part, hex + 2, 8);
+            FUZZ_CHECK (strtoul (part, NULL, 16) == tt, "token seconds");
+            memcpy (part, hex + 10, 8);
+            FUZZ_CHECK (strtoul (part, NULL, 16) == ti, "token increment");
+         }
+      }
+   }
+
    /* What the event names, read as stream.c reads it. */
    if (bson_iter_init_find (&it, &doc, "operationType") && BSON_ITER_HOLDS_UTF8 (&it)) {
       op = bson_iter_utf8 (&it, NULL);

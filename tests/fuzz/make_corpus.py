@@ -153,6 +153,14 @@ def stream_seeds() -> None:
     write("stream_event", "create_indexes", event("createIndexes", ("d", "a")))
     write("stream_event", "unknown_without_ns", event("somethingNew", None))
     write("stream_event", "no_operation_type", event(None, ("d", "a")))
+    # Resume tokens (the event's _id): MongoDB's KeyString layout and a
+    # hex-encoded BSON document with a Timestamp "t".
+    keystring = "82" + struct.pack(">II", 100, 7).hex() + "2b022c0100296e5a1004"
+    write("stream_event", "token_keystring", event(
+        "insert", ("d", "a"), subdoc("_id", doc(utf8("_data", keystring))), cluster_time(100, 7)))
+    bson_token = doc(i32("s", 4), el(0x11, "t", struct.pack("<II", 7, 100))).hex()
+    write("stream_event", "token_bson", event(
+        "insert", ("d", "a"), subdoc("_id", doc(utf8("_data", bson_token))), cluster_time(100, 7)))
 
 
 # ------------------------------------------------------------- arena ---
