@@ -16,7 +16,19 @@ import bson
 import pymongo
 from bson.objectid import ObjectId
 
-__all__ = ["make_document", "quantile", "summarize", "machine_facts", "write_json"]
+__all__ = ["make_document", "quantile", "summarize", "machine_facts", "write_json", "bypass_split"]
+
+#: The bypass reason of a read that went to MongoDB because the stream had
+#: not yet applied what the process had already seen (the causal floor): the
+#: cost of that guarantee, counted apart from every other bypass.
+BEHIND = "stream_behind"
+
+
+def bypass_split(before: Any, after: Any) -> tuple[int, int]:
+    """Between two snapshots: (bypasses for any reason but the causal floor,
+    bypasses for the causal floor)."""
+    behind = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
+    return after.bypass_total - before.bypass_total - behind, behind
 
 
 def make_document(i: int, rng: random.Random, target_bytes: int = 4096) -> dict[str, Any]:

@@ -108,6 +108,36 @@ async def async_ready_collection(
     return coll
 
 
+def served(manager: CacheManager, read: Callable[[], T], *, what: str = "the read is served from the cache") -> T:
+    """Repeat ``read`` until the cache serves it (a hit) and return that
+    result. A read can go to MongoDB first (``stream_behind``) while the
+    stream has not applied everything the process already observed."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        hits = manager.snapshot().hits
+        result = read()
+        if manager.snapshot().hits > hits:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {DEADLINE_S:g} s waiting until {what}: {manager.snapshot()!r}")
+        time.sleep(0.01)
+
+
+async def async_served(
+    manager: AsyncCacheManager, read: Callable[[], Awaitable[T]], *, what: str = "the read is served from the cache"
+) -> T:
+    """``served`` for the async API (``read`` returns an awaitable)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        hits = manager.snapshot().hits
+        result = await read()
+        if manager.snapshot().hits > hits:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {DEADLINE_S:g} s waiting until {what}: {manager.snapshot()!r}")
+        await asyncio.sleep(0.01)
+
+
 def bypass_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """Per-reason increase of the bypass counters between two snapshots."""
     keys = set(before) | set(after)

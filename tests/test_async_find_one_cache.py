@@ -24,6 +24,7 @@ from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
+from bson.timestamp import Timestamp
 from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
@@ -612,6 +613,28 @@ async def _session(ctx: Ctx) -> Any:
     )
 
 
+async def _bound_session(ctx: Ctx) -> Any:
+    session = await ctx.stack.enter_async_context(ctx.async_client.start_session())
+    cached, raw = await ctx.cached(), ctx.raw()
+
+    async def bound(coll: Any) -> Any:
+        async with session.bind(end_session=False):
+            return await coll.find_one({"_id": 1})
+
+    return ctx.manager, lambda: bound(cached), lambda: bound(raw)
+
+
+async def _stream_behind(ctx: Ctx) -> Any:
+    cached, raw = await ctx.cached(), ctx.raw()
+    ahead = Timestamp(2**32 - 1, 0)  # a token no stream has applied
+
+    async def read() -> Any:
+        with ctx.manager.after(ahead):
+            return await cached.find_one({"_id": 1})
+
+    return ctx.manager, read, lambda: raw.find_one({"_id": 1})
+
+
 CASES = [
     Case(BypassReason.NAMESPACE_UNAVAILABLE, "long_name", _namespace_unavailable),
     Case(BypassReason.STREAM_UNHEALTHY, "unreachable_stream", _stream_unhealthy),
@@ -629,6 +652,8 @@ CASES = [
         _find_one({"_id": 1}, options={"read_concern": ReadConcern("local")}),
     ),
     Case(BypassReason.SESSION, "explicit", _session),
+    Case(BypassReason.SESSION, "bound", _bound_session),
+    Case(BypassReason.STREAM_BEHIND, "future_token", _stream_behind),
 ] + [
     Case(reason, variant, (_cursor if method in ("find", "aggregate") else _read)(method, *args, **kwargs))
     for reason, variant, method, args, kwargs in ARGUMENT_BYPASSES

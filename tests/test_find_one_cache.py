@@ -17,6 +17,7 @@ from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
+from bson.timestamp import Timestamp
 from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
@@ -392,7 +393,7 @@ def _hold_back_one_admission(manager: CacheManager) -> list[tuple[Any, bytes, by
     held: list[tuple[Any, bytes, bytes | None]] = []
     real_admit = engine.admit
 
-    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False) -> None:
+    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False, memo_floor: int = 0) -> None:
         held.append((plan, token, value))
         engine.admit = real_admit  # only this one
 
@@ -587,6 +588,28 @@ def _session(ctx: Ctx) -> Any:
     )
 
 
+def _bound_session(ctx: Ctx) -> Any:
+    session = ctx.stack.enter_context(ctx.client.start_session())
+    cached, raw = ctx.cached(), ctx.raw()
+
+    def bound(coll: Any) -> Any:
+        with session.bind(end_session=False):
+            return coll.find_one({"_id": 1})
+
+    return ctx.manager, lambda: bound(cached), lambda: bound(raw)
+
+
+def _stream_behind(ctx: Ctx) -> Any:
+    cached, raw = ctx.cached(), ctx.raw()
+    ahead = Timestamp(2**32 - 1, 0)  # a token no stream has applied
+
+    def read() -> Any:
+        with ctx.manager.after(ahead):
+            return cached.find_one({"_id": 1})
+
+    return ctx.manager, read, lambda: raw.find_one({"_id": 1})
+
+
 CASES = [
     Case(BypassReason.NAMESPACE_UNAVAILABLE, "long_name", _namespace_unavailable),
     Case(BypassReason.STREAM_UNHEALTHY, "unreachable_stream", _stream_unhealthy),
@@ -604,6 +627,8 @@ CASES = [
         _find_one({"_id": 1}, options={"read_concern": ReadConcern("local")}),
     ),
     Case(BypassReason.SESSION, "explicit", _session),
+    Case(BypassReason.SESSION, "bound", _bound_session),
+    Case(BypassReason.STREAM_BEHIND, "future_token", _stream_behind),
 ] + [
     Case(reason, variant, (_cursor if method in ("find", "aggregate") else _read)(method, *args, **kwargs))
     for reason, variant, method, args, kwargs in ARGUMENT_BYPASSES

@@ -34,9 +34,11 @@ _EXPORTS = {
     "CachedCollection": ".synchronous",
     "CachedDatabase": ".synchronous",
     "CachedCursor": ".synchronous",
+    "CausalListener": "._core.causal",
 }
 
 if TYPE_CHECKING:
+    from ._core.causal import CausalListener
     from ._core.config import CacheConfig
     from ._core.handle import SharedCache, SharedCacheConfig
     from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
@@ -70,6 +72,7 @@ __all__ = [
     "SharedCache",
     "SharedCacheConfig",
     "SharedCacheError",
+    "CausalListener",
     "__version__",
 ]
 

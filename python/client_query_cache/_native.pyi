@@ -17,6 +17,9 @@ UNHEALTHY: Final[str]
 """The database's change stream does not serve: bypass."""
 FALLBACK: Final[str]
 """``lookup_id`` cannot encode this ``_id`` itself: use ``lookup``."""
+BEHIND: Final[str]
+"""An entry was found, but the database's stream has not reached the causal
+floor: it may be older than what the process has seen. Read MongoDB."""
 
 # admit() results.
 ADMIT_OK: Final[int]
@@ -52,6 +55,7 @@ class _StreamInfo(TypedDict):
     history_lost: int
     incarnation: int
     last_error: str
+    applied_time: tuple[int, int]
 
 @final
 class Cache:
@@ -79,8 +83,8 @@ class Cache:
         """Whether close() was called."""
 
     def lookup_id(self, ns_idx: int, db_idx: int, id: object, codec_options: Any, /) -> Any:
-        """The document, None (cached "not found"), MISS, UNHEALTHY, or FALLBACK
-        when the ``_id`` is not an int, str or ObjectId."""
+        """The document, None (cached "not found"), MISS, UNHEALTHY, BEHIND,
+        or FALLBACK when the ``_id`` is not an int, str or ObjectId."""
 
     def lookup(
         self,
@@ -93,15 +97,33 @@ class Cache:
         decode: Callable[[bytes, Any], Any] = ...,
         /,
     ) -> Any:
-        """``decode(bytes, codec_options)`` of the entry, None, MISS or UNHEALTHY."""
+        """``decode(bytes, codec_options)`` of the entry, None, MISS, UNHEALTHY
+        or BEHIND."""
 
     def capture(self, ns_idx: int, filter: Buffer, /) -> bytes | None:
         """The admission token, or None when the stream does not serve."""
 
     def admit(
-        self, token: Buffer, kind: int, filter: Buffer, rest: Buffer, value: Buffer | None, /
+        self,
+        token: Buffer,
+        kind: int,
+        filter: Buffer,
+        rest: Buffer,
+        value: Buffer | None,
+        memo_floor: int = ...,
+        /,
     ) -> int:
-        """One of the ADMIT_* codes; ``value`` None caches "not found"."""
+        """One of the ADMIT_* codes; ``value`` None caches "not found".
+        ``memo_floor``: the causal floor this miss's result stands for (0:
+        none), so its entry is served before the stream reaches it."""
+
+    def observe(self, db_idx: int, cluster_time: int, monotonic_ns: int, /) -> None:
+        """Raise the database's causal floor: a cluster time
+        ``(seconds << 32) | increment`` and, on a one-member deployment, the
+        CLOCK_MONOTONIC time it was observed at (0 otherwise)."""
+
+    def applied(self, db_idx: int, /) -> int:
+        """The database's applied cluster time as readers see it."""
 
     def register(self, db: str, coll: str, /) -> tuple[int, int]:
         """``(ns_idx, db_idx)``; starts the database's follower."""

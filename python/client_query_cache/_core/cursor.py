@@ -31,7 +31,7 @@ __all__ = ["CursorBase", "Collector"]
 class Collector:
     """The raw batches of a miss, kept until its cursor is exhausted."""
 
-    __slots__ = ("core", "step", "batches", "count", "size", "oversize")
+    __slots__ = ("core", "step", "batches", "count", "size", "oversize", "observations")
 
     def __init__(self, core: CollectionCore, step: Step) -> None:
         self.core = core
@@ -40,9 +40,12 @@ class Collector:
         self.count = 0
         self.size = 0
         self.oversize = False
+        self.observations = 0
 
     def add(self, batch: bytes) -> list[Any]:
         """Keep one raw batch; return its documents decoded for the caller."""
+        self.core.observe()
+        self.observations += 1
         docs = decode_documents(batch, self.core.codec)
         self.count += len(docs)
         if not self.oversize:
@@ -55,8 +58,11 @@ class Collector:
         return docs
 
     def complete(self) -> None:
-        """The cursor is exhausted: admit the complete result."""
-        self.core.admit_documents(self.step, self.batches, self.count, self.oversize)
+        """The cursor is exhausted: admit the complete result (the last
+        getMore may have brought no batch, and a result may have none)."""
+        self.core.observe()
+        self.observations += 1
+        self.core.admit_documents(self.step, self.batches, self.count, self.oversize, self.observations)
 
 
 def _plain_sort(key_or_list: Any, direction: Any) -> bool:
@@ -123,6 +129,13 @@ class CursorBase:
     def _serve_bypass(self, source: Any) -> None:
         self._source = source
         self._started = True
+        self._core.observe()  # an aggregate has run; a find reads on its first fetch
+
+    def _bypassed(self, doc: Any) -> Any:
+        """A document of PyMongo's cursor (a bypass), which may have read a
+        batch for it."""
+        self._core.observe()
+        return doc
 
     # -- iteration ----------------------------------------------------------------
 

@@ -37,11 +37,15 @@ from .reasons import BypassReason, RejectReason, StreamState
 from .shared import OwnerLink, SharedCacheError, ring_bytes_for, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
 
-__all__ = ["Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY", "FALLBACK"]
+__all__ = [
+    "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY", "FALLBACK",
+    "BEHIND",
+]  # fmt: skip
 
 MISS = _native.MISS
 UNHEALTHY = _native.UNHEALTHY
 FALLBACK = _native.FALLBACK
+BEHIND = _native.BEHIND
 #: Seconds before a namespace the owner could not register is tried again.
 RETRY_S = 1.0
 
@@ -73,6 +77,11 @@ def unique_field_sets(indexes: Any) -> frozenset[frozenset[str]]:
         if fields != frozenset({"_id"}):
             sets.add(fields)
     return frozenset(sets)
+
+
+def _higher(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """The floor that holds both: each part's maximum."""
+    return (max(a[0], b[0]), max(a[1], b[1]))
 
 
 class Hooks:
@@ -120,8 +129,24 @@ class Engine:
         link: OwnerLink | None = None,
         deployment: dict[str, Any] | None = None,
         reconnect: Callable[[], OwnerLink] | None = None,
+        clock: Callable[[], int] = lambda: 0,
+        one_member: Callable[[], bool | None] = lambda: False,
     ) -> None:
         self.config = config
+        #: The client's highest cluster time (causal.client_cluster_time).
+        self._clock = clock
+        #: Whether the deployment has one member (causal.one_member), asked
+        #: until known: then quiet stream rounds also reach a floor.
+        self._one_member = one_member
+        self._quiet_proof: bool | None = None
+        #: The causal floor by database name, carried to a new owner's arena
+        #: (the native floors are by the current arena's db_idx).
+        self._floors: dict[str, tuple[int, int]] = {}
+        #: A floor for every database, also those not registered yet.
+        self._everywhere = (0, 0)
+        self._db_idx: dict[str, int] = {}
+        #: Observations made per database (see memo_floor).
+        self._observed: dict[str, int] = {}
         self.link = link
         self.max_entry_bytes = config.max_entry_bytes
         #: Bumped when a worker re-attaches to a new owner; collections then
@@ -245,6 +270,7 @@ class Engine:
                     self.native, self.link, self._segment = native, link, segment
                     self.max_entry_bytes = max_entry_bytes
                     self._namespaces = {}
+                    self._db_idx = {}
                     self.generation += 1
             if keep:
                 native.close()
@@ -288,6 +314,13 @@ class Engine:
                     handle.unavailable = True  # table full, name too long: for good
                 except SharedCacheError:
                     return self._unavailable_for_now(db, coll)  # the owner is gone or hung
+                if not handle.unavailable:
+                    # The floor this process holds for the database, also
+                    # in a new owner's arena.
+                    floor = _higher(self._floors.get(db, (0, 0)), self._everywhere)
+                    self._floors[db] = floor
+                    self._db_idx[db] = handle.db_idx
+                    self.native.observe(handle.db_idx, *floor)
                 self._namespaces[key] = handle
         return handle
 
@@ -298,6 +331,79 @@ class Engine:
         handle.unavailable = True
         handle.retry_at = time.monotonic() + RETRY_S
         return handle
+
+    # -- the causal floor (coherence rule 7) --------------------------------
+
+    def observe(self, db: str) -> None:
+        """A read or write of ``db`` went to MongoDB: raise its floor to the
+        client's highest cluster time. Never raises (it runs after the
+        caller's operation, whose own result or error must stand)."""
+        with self._lock:
+            self._observed[db] = self._observed.get(db, 0) + 1
+        self.observe_time(db, self._clock())
+
+    def observations(self, db: str) -> int:
+        """How many observations of ``db`` this process has made (a miss
+        takes it with its token)."""
+        return self._observed.get(db, 0)
+
+    def memo_floor(self, db: str, before: int, own: int) -> int:
+        """For a miss that took ``before`` with its token and has made
+        ``own`` observations since: if no other read or write of ``db`` was
+        observed meanwhile and the deployment has one member, the floor its
+        result stands for (module.c, CacheObject.memo), else 0. Its entry
+        may then be served before the stream reaches that floor: the read
+        began after everything else the process observed there, and ended
+        before anything else."""
+        if not self._quiet_proof:
+            return 0
+        with self._lock:
+            if self._observed.get(db, 0) != before + own:
+                return 0
+            return self._floors.get(db, (0, 0))[0]
+
+    def _now(self) -> int:
+        """The floor's second part (see module.c): now, where quiet stream
+        rounds prove a floor reached, else 0."""
+        proof = self._quiet_proof
+        if proof is None:
+            proof = self._quiet_proof = self._one_member()
+        return time.monotonic_ns() if proof else 0
+
+    def observe_time(self, db: str, value: int) -> None:
+        """Raise ``db``'s floor to cluster time ``value``, observed now. A
+        time not above the floor changes nothing: what was observed is no
+        newer than what the floor already stands for (and a process that
+        keeps reading must not keep pushing the quiet-round part ahead)."""
+        old = self._floors.get(db)
+        if old is not None and value <= old[0]:
+            return
+        now = self._now()
+        with self._lock:
+            old = self._floors.get(db, (0, 0))
+            if value <= old[0]:
+                return
+            floor = self._floors[db] = _higher(old, (value, now))
+            native, db_idx = self.native, self._db_idx.get(db)
+        if db_idx is not None:
+            with contextlib.suppress(CacheClosedError, CacheForkedError):
+                native.observe(db_idx, *floor)
+
+    def observe_everywhere(self, value: int) -> None:
+        """A command whose databases are not known (a transaction's commit,
+        a client-level bulk write): every database's floor."""
+        with self._lock:
+            self._everywhere = _higher(self._everywhere, (value, self._now()))
+            names = list(self._floors)
+        for db in names:
+            self.observe_time(db, value)
+
+    def cluster_time(self) -> int:
+        """The highest cluster time this process has observed: the client's,
+        or a floor raised by a listener."""
+        with self._lock:
+            highest = max(ts for ts, _ in (self._everywhere, *self._floors.values()))
+        return max(highest, self._clock())
 
     # -- counters -----------------------------------------------------------
 
@@ -396,7 +502,9 @@ class Engine:
             return None
         return token
 
-    def admit(self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False) -> None:
+    def admit(
+        self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False, memo_floor: int = 0
+    ) -> None:
         """Admit a miss's result: its BSON, or None for "not found". With
         ``rebind`` (a find_one by the fields of a unique index), the entry is
         validated by the identity of the document found (see
@@ -407,7 +515,7 @@ class Engine:
         # Rejections by the arena are counted there (see snapshot()); a
         # worker's ring counts what it had to drop.
         kind = plan.kind | _native.KIND_REBIND if rebind else plan.kind
-        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value)
+        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value, memo_floor)
 
     # -- state --------------------------------------------------------------
 

@@ -7,8 +7,13 @@ Each facade subclasses these with its PyMongo types (``MongoClient`` or
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
+from bson.timestamp import Timestamp
+
+from . import causal
 from .config import CacheConfig, MiB, check_connection_string, check_owner_options, check_seconds
 from .engine import Engine
 from .errors import CacheConfigurationError
@@ -18,18 +23,38 @@ from .handle import SharedCacheConfig, attach_or_start
 from .shared import OwnerLink, deployment_of_client, validate_name
 from .uri import stream_uri_for
 
-__all__ = ["ManagerBase", "DatabaseBase", "CollectionBase"]
+__all__ = ["ManagerBase", "DatabaseBase", "CollectionBase", "install_write_methods"]
+
+#: The collection methods that write, which a cached view wraps: after each
+#: one (acknowledged or failed) the database's causal floor is raised, so the
+#: process's next reads see the write (coherence rule 7).
+WRITE_METHODS = (
+    "insert_one", "insert_many", "replace_one", "update_one", "update_many", "delete_one", "delete_many",
+    "bulk_write", "find_one_and_delete", "find_one_and_replace", "find_one_and_update", "drop", "rename",
+)  # fmt: skip
+
+
+def install_write_methods(cls: type, wrap: Callable[[str], Callable[..., Any]]) -> None:
+    """Give a facade's collection class the ``WRITE_METHODS``, each made by
+    ``wrap(name)``: the wrapped collection's method, then ``observe()``."""
+    for name in WRITE_METHODS:
+        method = wrap(name)
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = f"PyMongo's ``{name}``; the process's next reads see its write."
+        setattr(cls, name, method)
 
 
 class CollectionBase:
     """A wrapped PyMongo collection; reads are added by the facade."""
 
     __slots__ = ("_engine", "_raw", "_core")
+    #: causal.bound_session_getter for the facade's PyMongo API.
+    _bound_session: ClassVar[Callable[[], Any]]
 
     def __init__(self, engine: Engine, collection: Any) -> None:
         self._engine = engine
         self._raw = collection
-        self._core = CollectionCore(engine, collection)
+        self._core = CollectionCore(engine, collection, self._bound_session)
 
     @property
     def raw(self) -> Any:
@@ -154,8 +179,17 @@ class ManagerBase:
             stream_uri=stream_uri,
         )
         self._client = client
+
+        def clock() -> int:
+            return causal.client_cluster_time(client)
+
+        def members() -> bool | None:
+            return causal.one_member(client)
+
         if shared is None:
-            self._engine = Engine(self._config, stream_uri or stream_uri_for(client))
+            self._engine = Engine(
+                self._config, stream_uri or stream_uri_for(client), clock=clock, one_member=members
+            )
         else:
             # The owner's geometry and streams apply; this process reads its
             # arena and pushes admissions to it.
@@ -177,7 +211,12 @@ class ManagerBase:
                 link=reconnect(),
                 deployment=deployment_of_client(client),
                 reconnect=reconnect,
+                clock=clock,
+                one_member=members,
             )
+        for listener in client.options.event_listeners:
+            if isinstance(listener, causal.CausalListener):
+                listener.attach(self._engine)
 
     @property
     def client(self) -> Any:
@@ -208,6 +247,21 @@ class ManagerBase:
     def snapshot(self) -> CacheSnapshot:
         """Counters, memory use and the state of every change stream."""
         return self._engine.snapshot()
+
+    def cluster_time(self) -> Timestamp | None:
+        """The highest cluster time this process has observed through the
+        manager's client (every reply it received, writes of any kind
+        included): a token for ``after()`` in another process. None before
+        the client's first reply."""
+        return causal.to_timestamp(self._engine.cluster_time())
+
+    @staticmethod
+    def after(token: Timestamp | None) -> contextlib.AbstractContextManager[None]:
+        """``with manager.after(token):`` serves no read of the block (this
+        thread's or task's) from a cache that has not applied every write up
+        to ``token`` (from ``cluster_time()`` of any process); such reads go
+        to MongoDB. ``None`` constrains nothing."""
+        return causal.after(token)
 
     @staticmethod
     def _check_wait(timeout: object, database: object) -> float:

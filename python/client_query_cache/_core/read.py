@@ -49,7 +49,8 @@ from .classify import (
     classify_find_one,
     collection_bypass,
 )
-from .engine import FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
+from .causal import BLOCKS, after_floor
+from .engine import BEHIND, FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
 from .errors import CacheClosedError
 from .reasons import BypassReason
 
@@ -75,7 +76,7 @@ class StepKind(enum.Enum):
 class Step:
     """What the facade must do next for one read."""
 
-    __slots__ = ("kind", "value", "plan", "key", "token")
+    __slots__ = ("kind", "value", "plan", "key", "token", "observed")
 
     def __init__(
         self,
@@ -84,12 +85,16 @@ class Step:
         plan: ReadPlan | None = None,
         key: tuple[int, int] | None = None,
         token: bytes | None = None,
+        observed: int = 0,
     ) -> None:
         self.kind = kind
         self.value = value
         self.plan = plan
         self.key = key
         self.token = token
+        #: A READ step: the database's observation count when its token was
+        #: taken (Engine.memo_floor).
+        self.observed = observed
 
 
 _BYPASS = Step(StepKind.BYPASS)
@@ -104,11 +109,14 @@ class CollectionCore:
 
     __slots__ = (
         "engine", "native", "ns", "codec", "primary", "primary_values", "probe_db", "bypass",
-        "fast", "generation", "_db_name", "_coll_name", "_base_bypass",
+        "fast", "generation", "bound_session", "_db_name", "_coll_name", "_base_bypass",
     )  # fmt: skip
 
-    def __init__(self, engine: Engine, collection: Any) -> None:
+    def __init__(self, engine: Engine, collection: Any, bound_session: Callable[[], Any]) -> None:
         self.engine = engine
+        #: The session PyMongo's bind() made current for this context (see
+        #: causal.bound_session_getter), or None.
+        self.bound_session = bound_session
         self.native = engine.native
         self.codec = collection.codec_options
         # Misses read raw BSON at primary with majority read concern
@@ -143,11 +151,11 @@ class CollectionCore:
         """``find_one(filter)`` without other arguments: the hit itself when
         the fast path answers (a document, or None for a cached "not found"),
         else the first Step."""
-        if self.fast and type(filter) is dict and len(filter) == 1:
+        if self.fast and type(filter) is dict and len(filter) == 1 and not BLOCKS.open:
             id_value = filter.get("_id", _ABSENT)
-            if type(id_value) in FAST_ID_TYPES:
+            if type(id_value) in FAST_ID_TYPES and self.bound_session() is None:
                 result = self.native.lookup_id(self.ns.ns_idx, self.ns.db_idx, id_value, self.codec)
-                if result is not MISS and result is not UNHEALTHY and result is not FALLBACK:
+                if result is not MISS and result is not UNHEALTHY and result is not FALLBACK and result is not BEHIND:
                     return result
                 if result is not FALLBACK:
                     return self.start_find_one(filter, (), {}, looked_up=result)
@@ -189,6 +197,12 @@ class CollectionCore:
             looked_up = None  # that lookup was in the old owner's arena
         self.native.check()  # CacheClosedError, CacheForkedError
         reason = self.bypass
+        if self.bound_session() is not None:
+            # PyMongo runs this read in the bound session (or raises for
+            # another client's): never from or into the cache.
+            reason = BypassReason.SESSION
+        elif reason is None and BLOCKS.open and self.native.applied(self.ns.db_idx) < after_floor():
+            reason = BypassReason.STREAM_BEHIND
         if reason is None:
             plan = classify()
             if type(plan) is ReadPlan and self.ns.collation[1] is not None:
@@ -207,12 +221,15 @@ class CollectionCore:
                         result = self.engine.lookup(self.ns, plan, self.codec)
                 if result is MISS:
                     return self._after_miss(plan)
-                if result is not UNHEALTHY:
+                if result is BEHIND:
+                    reason = BypassReason.STREAM_BEHIND
+                elif result is not UNHEALTHY:
                     return Step(StepKind.HIT, value=_hit_value(plan, result))
-                reason = BypassReason.STREAM_UNHEALTHY
-                if self.engine.link is not None and self.engine.owner_lost():
-                    reason = BypassReason.OWNER_UNAVAILABLE
-                    self.engine.maybe_reattach()
+                else:
+                    reason = BypassReason.STREAM_UNHEALTHY
+                    if self.engine.link is not None and self.engine.owner_lost():
+                        reason = BypassReason.OWNER_UNAVAILABLE
+                        self.engine.maybe_reattach()
             else:
                 reason = plan
         self.engine.count_bypass(reason)
@@ -254,6 +271,7 @@ class CollectionCore:
                 engine.count_bypass(collated)
                 return _BYPASS
             plan = collated
+        observed = engine.observations(self._db_name)
         token = None if reason is not None else engine.capture(self.ns, plan, key)
         if token is None:
             engine.count_bypass(reason or BypassReason.STREAM_UNHEALTHY)
@@ -261,7 +279,7 @@ class CollectionCore:
         hook = engine.hooks.after_capture
         if hook is not None:
             hook()
-        return Step(StepKind.READ, plan=plan, key=key, token=token)
+        return Step(StepKind.READ, plan=plan, key=key, token=token, observed=observed)
 
     def _under_default_collation(self, plan: ReadPlan, key: tuple[int, int]) -> ReadPlan | BypassReason:
         """``plan`` keyed under the collection's non-simple default collation
@@ -286,6 +304,7 @@ class CollectionCore:
         PyMongo would have returned."""
         plan = step.plan
         assert plan is not None and step.token is not None
+        self.observe()
         kind = plan.kind
         if kind == KIND_FIND_ONE:
             value = None if result is None else result.raw
@@ -294,14 +313,16 @@ class CollectionCore:
         else:
             value = bson.encode({"n": result})
         rebind = value is not None and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
-        self._admit(step, plan, value, rebind)
+        self._admit(step, plan, value, 1, rebind)
         if value is None:
             return None
         if kind == KIND_FIND_ONE or kind == KIND_DISTINCT:
             return _hit_value(plan, decode_bson(value, self.codec))
         return result
 
-    def admit_documents(self, step: Step, batches: list[bytes], count: int, oversize: bool) -> None:
+    def admit_documents(
+        self, step: Step, batches: list[bytes], count: int, oversize: bool, observations: int
+    ) -> None:
         """Admit the complete result of a ``find`` or ``aggregate`` miss (its
         cursor was exhausted): the raw batches, ``count`` documents in all.
         A ``find`` that returned fewer documents than its limit returned
@@ -314,20 +335,27 @@ class CollectionCore:
             return
         if plan.limit and count < plan.limit:
             plan = plan.unlimited()
-        self._admit(step, plan, b"".join(batches))
+        self._admit(step, plan, b"".join(batches), observations)
 
-    def _admit(self, step: Step, plan: ReadPlan, value: bytes | None, rebind: bool = False) -> None:
+    def _admit(self, step: Step, plan: ReadPlan, value: bytes | None, own: int, rebind: bool = False) -> None:
+        """Admit under ``step``'s token; ``own``: observations this read made."""
         assert step.token is not None
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
         try:
-            self.engine.admit(plan, step.token, value, rebind)
+            memo = self.engine.memo_floor(self._db_name, step.observed, own)
+            self.engine.admit(plan, step.token, value, rebind, memo)
         except CacheClosedError:
             pass  # closed while this read was in flight: return it, cache nothing
 
     def count_bypass(self, reason: BypassReason) -> None:
         self.engine.count_bypass(reason)
+
+    def observe(self) -> None:
+        """A read or write of this collection went to MongoDB: raise the
+        database's causal floor (coherence rule 7)."""
+        self.engine.observe(self._db_name)
 
 
 def _hit_value(plan: ReadPlan, entry: Any) -> Any:

@@ -16,7 +16,9 @@ class BypassReason(str, enum.Enum):
     UNSUPPORTED_OPTION = "unsupported_option"
     #: A keyword argument PyMongo's method does not know either.
     UNKNOWN_OPTION = "unknown_option"
-    #: The read runs in an explicit session (or transaction).
+    #: PyMongo would run the read in an explicit session (or transaction): a
+    #: ``session=`` argument, or a session bound with ``ClientSession.bind()``
+    #: (of this client or, for PyMongo to refuse, of another).
     SESSION = "session"
     #: The collection reads from other than the primary.
     READ_PREFERENCE = "read_preference"
@@ -40,6 +42,11 @@ class BypassReason(str, enum.Enum):
     UNENCODABLE = "unencodable"
     #: The database's change stream is not established and making progress.
     STREAM_UNHEALTHY = "stream_unhealthy"
+    #: The database's stream has not yet applied every write up to the
+    #: process's causal floor (the highest cluster time it observed from the
+    #: database) or the token of an enclosing ``after()`` block: the cache
+    #: may hold a version older than one already seen.
+    STREAM_BEHIND = "stream_behind"
     #: Shared cache: the owner's heartbeat stopped (it died, hung or was
     #: stopped); the worker tries to attach to a new owner once a second.
     OWNER_UNAVAILABLE = "owner_unavailable"

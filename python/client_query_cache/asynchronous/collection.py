@@ -13,8 +13,9 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
+from .._core.causal import bound_session_getter
 from .._core.cursor import CursorBase
-from .._core.facade import CollectionBase, DatabaseBase
+from .._core.facade import CollectionBase, DatabaseBase, install_write_methods
 from .._core.read import Step, StepKind
 
 __all__ = ["AsyncCachedDatabase", "AsyncCachedCollection", "AsyncCachedCursor"]
@@ -39,6 +40,7 @@ class AsyncCachedCollection(CollectionBase):
     cache; the async twin of ``CachedCollection``."""
 
     __slots__ = ()
+    _bound_session = bound_session_getter(asynchronous=True)
 
     async def _serve(self, step: Step, bypass: Callable[[], Awaitable[Any]]) -> Any:
         """Drive a read's steps with the async client (a hit awaits nothing)."""
@@ -49,7 +51,10 @@ class AsyncCachedCollection(CollectionBase):
             return core.finish(step, await core.miss_read(step))
         if step.kind is StepKind.HIT:
             return step.value
-        return await bypass()
+        try:
+            return await bypass()
+        finally:
+            core.observe()
 
     async def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
         """PyMongo's ``find_one``, served from the cache when safe."""
@@ -89,6 +94,19 @@ class AsyncCachedCollection(CollectionBase):
         return cursor
 
 
+def _observed_write(name: str) -> Callable[..., Awaitable[Any]]:
+    async def write(self: AsyncCachedCollection, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await getattr(self._raw, name)(*args, **kwargs)
+        finally:
+            self._core.observe()
+
+    return write
+
+
+install_write_methods(AsyncCachedCollection, _observed_write)
+
+
 class AsyncCachedCursor(CursorBase):
     """The async twin of ``CachedCursor``: ``async for``, ``to_list()``,
     ``next()``, ``close()``, ``async with``; ``limit``, ``skip``, ``sort``,
@@ -125,7 +143,7 @@ class AsyncCachedCursor(CursorBase):
             if more:
                 return doc
             if self._docs is None:
-                return await self._source.__anext__()  # PyMongo's cursor (a bypass)
+                return self._bypassed(await self._source.__anext__())  # PyMongo's cursor (a bypass)
             if not self._needs_batch():
                 raise StopAsyncIteration
             try:

@@ -8,8 +8,9 @@ from typing import Any
 from pymongo.collection import Collection
 from pymongo.errors import OperationFailure
 
+from .._core.causal import bound_session_getter
 from .._core.cursor import CursorBase
-from .._core.facade import CollectionBase, DatabaseBase
+from .._core.facade import CollectionBase, DatabaseBase, install_write_methods
 from .._core.read import Step, StepKind
 
 __all__ = ["CachedDatabase", "CachedCollection", "CachedCursor"]
@@ -35,11 +36,13 @@ class CachedCollection(CollectionBase):
     ``find_one``, ``find``, ``aggregate``, ``count_documents``,
     ``estimated_document_count`` and ``distinct`` are served from the cache
     when safe; otherwise they are passed to PyMongo unchanged and counted as a
-    bypass with its reason. Writes and other attributes are the wrapped
-    collection's (``.raw``).
+    bypass with its reason. Writes are the wrapped collection's, followed by
+    raising the causal floor (see ``WRITE_METHODS``); other attributes are
+    the wrapped collection's (``.raw``).
     """
 
     __slots__ = ()
+    _bound_session = bound_session_getter(asynchronous=False)
 
     def _serve(self, step: Step, bypass: Callable[[], Any]) -> Any:
         """Drive a read's steps with the sync client."""
@@ -50,7 +53,10 @@ class CachedCollection(CollectionBase):
             return core.finish(step, core.miss_read(step))
         if step.kind is StepKind.HIT:
             return step.value
-        return bypass()
+        try:
+            return bypass()
+        finally:
+            core.observe()
 
     def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
         """PyMongo's ``find_one``, served from the cache when safe."""
@@ -89,6 +95,19 @@ class CachedCollection(CollectionBase):
         return cursor
 
 
+def _observed_write(name: str) -> Callable[..., Any]:
+    def write(self: CachedCollection, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._raw, name)(*args, **kwargs)
+        finally:
+            self._core.observe()
+
+    return write
+
+
+install_write_methods(CachedCollection, _observed_write)
+
+
 class CachedCursor(CursorBase):
     """The cursor of a cached ``find`` or ``aggregate``: iteration, ``list()``,
     ``to_list()``, ``next()``, ``close()``, ``with``; ``limit``, ``skip``,
@@ -125,7 +144,7 @@ class CachedCursor(CursorBase):
             if more:
                 return doc
             if self._docs is None:
-                return next(self._source)  # PyMongo's cursor (a bypass)
+                return self._bypassed(next(self._source))  # PyMongo's cursor (a bypass)
             if not self._needs_batch():
                 raise StopIteration
             try:

@@ -1,0 +1,409 @@
+"""Sessions, transactions and causal reads (coherence rules 4 and 7), with
+the sync and the async API alike.
+
+* A read PyMongo would run in an explicit session (``session=`` or a session
+  bound with ``ClientSession.bind()``) bypasses with reason ``session``, is
+  never admitted, and does what PyMongo does, errors included; the cache's
+  own reads never run in it.
+* A process never reads older than it has seen: after a view's write, miss or
+  bypass, a hit is served only once the stream has applied everything up to
+  that cluster time (``stream_behind`` otherwise), and ``after(token)``
+  carries that guarantee to another process.
+
+To make "the stream has not applied it yet" certain rather than likely, the
+cache's change stream goes through a proxy that can hold its traffic: while
+held, the stream stays healthy (until the stall bound, 2.4 s here) but
+applies nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pymongo
+import pytest
+from bson.timestamp import Timestamp
+from pymongo.client_session import ClientSession
+from pymongo.errors import InvalidOperation, OperationFailure
+
+from benchmarks._proxy import FaultProxy
+from client_query_cache import (
+    AsyncCacheManager,
+    BypassReason,
+    CacheConfigurationError,
+    CacheManager,
+    CausalListener,
+)
+from client_query_cache.testing import external_uri
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, bypass_delta
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(ClientSession, "bind"), reason="ClientSession.bind() needs PyMongo 4.17"
+)
+
+SESSION = BypassReason.SESSION.value
+BEHIND = BypassReason.STREAM_BEHIND.value
+
+
+async def _value(x: Any) -> Any:
+    return await x if inspect.isawaitable(x) else x
+
+
+class Driver:
+    """One API (sync or async) for tests written once: ``await d.r(call)``
+    resolves a call of either API."""
+
+    def __init__(self, name: str, server_uri: str) -> None:
+        self.name = name
+        self.uri = server_uri
+        self.managers: list[Any] = []
+        self.clients: list[Any] = []
+
+    def client(self, **options: Any) -> Any:
+        cls = pymongo.MongoClient if self.name == "sync" else pymongo.AsyncMongoClient
+        mongo = cls(self.uri, **options)
+        self.clients.append(mongo)
+        return mongo
+
+    def manager(self, client: Any, **options: Any) -> Any:
+        options.setdefault("max_await_time_ms", TEST_MAX_AWAIT_MS)
+        cls = CacheManager if self.name == "sync" else AsyncCacheManager
+        cache = cls(client, **options)
+        self.managers.append(cache)
+        return cache
+
+    r = staticmethod(_value)
+
+    async def ready(self, cache: Any, db: str, coll: str = "items") -> Any:
+        view = cache[db][coll]  # registers the namespace: its stream starts
+        assert await _value(cache.wait_ready(DEADLINE_S, database=db)), cache.snapshot()
+        return view
+
+    async def served(self, cache: Any, read: Callable[[], Any]) -> Any:
+        """Repeat ``read`` until the cache serves it (a miss admits, and a
+        floor the stream has not reached yet makes a read bypass); its
+        result."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            hits = cache.snapshot().hits
+            result = await _value(read())
+            if cache.snapshot().hits > hits:
+                return result
+            assert time.monotonic() < deadline, cache.snapshot()
+            await _value(asyncio.sleep(0.01) if self.name == "async" else None)
+
+    async def docs(self, cursor: Any) -> list[Any]:
+        cursor = await _value(cursor)
+        if self.name == "sync":
+            return list(cursor)
+        return await cursor.to_list(None)
+
+    @contextlib.asynccontextmanager
+    async def bound(self, session: Any) -> AsyncIterator[Any]:
+        if self.name == "sync":
+            with session.bind(end_session=False) as s:
+                yield s
+        else:
+            async with session.bind(end_session=False) as s:
+                yield s
+
+    async def close(self) -> None:
+        for cache in self.managers:
+            await _value(cache.close())
+        for mongo in self.clients:
+            await _value(mongo.close())
+
+
+@pytest.fixture(params=["sync", "async"])
+async def d(request: pytest.FixtureRequest, server_uri: str) -> AsyncIterator[Driver]:
+    driver = Driver(request.param, server_uri)
+    try:
+        yield driver
+    finally:
+        await driver.close()
+
+
+@pytest.fixture
+def proxy(server_uri: str) -> Iterator[FaultProxy]:
+    """A proxy in front of the server for the cache's change stream."""
+    if external_uri() is not None:
+        pytest.skip("MONGODB_URI is set: the stream proxy fronts a local server only")
+    with FaultProxy(urlsplit(server_uri).port or 27017) as p:
+        yield p
+
+
+def _seed(client: pymongo.MongoClient, db_name: str, *docs: dict[str, Any]) -> None:
+    client[db_name].items.insert_many(list(docs) or [{"_id": 1, "k": "a", "v": 1}])
+
+
+def _delta(cache: Any, before: Any) -> dict[str, int]:
+    return bypass_delta(dict(before.bypasses), dict(cache.snapshot().bypasses))
+
+
+@contextlib.contextmanager
+def _held(proxy: FaultProxy) -> Iterator[None]:
+    """The stream applies nothing inside (and must still be healthy: the
+    block has to end within the stall bound)."""
+    proxy.holding = True
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        proxy.holding = False
+    assert time.monotonic() - start < (2 * TEST_MAX_AWAIT_MS + 2000) / 1000, "held past the stall bound"
+
+
+# -- sessions -------------------------------------------------------------------
+
+READS: list[tuple[str, Callable[[Any], Any]]] = [
+    ("find_one", lambda c: c.find_one({"_id": 1})),
+    ("find", lambda c: c.find({})),
+    ("aggregate", lambda c: c.aggregate([{"$match": {}}])),
+    ("count_documents", lambda c: c.count_documents({})),
+    ("distinct", lambda c: c.distinct("v")),
+]
+
+
+async def _read(d: Driver, name: str, call: Callable[[Any], Any], coll: Any) -> Any:
+    result = call(coll)
+    if name in ("find", "aggregate"):
+        return await d.docs(result)
+    return await d.r(result)
+
+
+@pytest.mark.parametrize("name,call", READS, ids=[n for n, _ in READS])
+async def test_a_read_in_a_bound_session_bypasses_and_admits_nothing(d, client, db_name, name, call):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)
+    raw = mongo[db_name].items
+    session = mongo.start_session()
+    try:
+        before = cache.snapshot()
+        async with d.bound(session):
+            got = await _read(d, name, call, coll)
+            expected = await _read(d, name, call, raw)
+        after = cache.snapshot()
+    finally:
+        await d.r(session.end_session())
+    assert got == expected
+    assert _delta(cache, before) == {SESSION: 1}
+    assert (after.hits, after.misses, after.admissions) == (before.hits, before.misses, before.admissions)
+
+
+async def test_an_aborted_transactions_write_is_never_cached(d, client, db_name):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)
+    assert await d.r(coll.find_one({"_id": 1})) is not None  # the collection is probed and read
+    session = mongo.start_session()
+    try:
+        async with d.bound(session):
+            await d.r(session.start_transaction())
+            await d.r(coll.insert_one({"_id": "new-record", "v": 1}))
+            inside = await d.r(coll.find_one({"_id": "new-record"}))
+            entries = cache.snapshot().entries
+            await d.r(session.abort_transaction())
+    finally:
+        await d.r(session.end_session())
+    assert inside == {"_id": "new-record", "v": 1}  # the transaction sees its own write
+    assert cache.snapshot().entries == entries
+    # Outside, MongoDB has no such document, now and after the stream caught up.
+    for _ in range(2):
+        assert await d.r(coll.find_one({"_id": "new-record"})) is None
+    assert await d.r(cache.wait_ready(DEADLINE_S, database=db_name))
+    assert await d.r(coll.find_one({"_id": "new-record"})) is None
+
+
+async def test_a_transaction_reads_its_own_writes_past_cached_entries(d, client, db_name):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)
+    for _ in range(2):  # cached
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 1
+        assert [x["v"] for x in await d.docs(coll.find({}))] == [1]
+        assert [x["v"] for x in await d.docs(coll.aggregate([]))] == [1]
+    session = mongo.start_session()
+    try:
+        async with d.bound(session):
+            await d.r(session.start_transaction())
+            await d.r(coll.update_one({"_id": 1}, {"$set": {"v": 2}}))
+            assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+            assert [x["v"] for x in await d.docs(coll.find({}))] == [2]
+            assert [x["v"] for x in await d.docs(coll.aggregate([]))] == [2]
+            await d.r(session.commit_transaction())
+    finally:
+        await d.r(session.end_session())
+
+
+async def test_estimated_count_in_a_transaction_raises_what_pymongo_raises(d, client, db_name):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)
+    assert await d.r(coll.estimated_document_count()) == 1
+    assert await d.r(coll.estimated_document_count()) == 1  # cached
+    outcomes = []
+    for target in (coll, mongo[db_name].items):
+        session = mongo.start_session()
+        try:
+            async with d.bound(session):
+                await d.r(session.start_transaction())
+                try:
+                    outcomes.append(("returned", await d.r(target.estimated_document_count())))
+                except OperationFailure as exc:
+                    outcomes.append(("raised", type(exc), exc.code))
+                await d.r(session.abort_transaction())
+        finally:
+            await d.r(session.end_session())
+    assert outcomes[0] == outcomes[1]
+
+
+async def test_another_clients_bound_session_raises_what_pymongo_raises(d, client, db_name):
+    _seed(client, db_name)
+    mongo, stranger = d.client(), d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)
+    assert await d.r(coll.find_one({"_id": 1}))  # cached
+    session = stranger.start_session()
+    try:
+        async with d.bound(session):
+            for target in (coll, mongo[db_name].items):
+                with pytest.raises(InvalidOperation):
+                    await d.r(target.find_one({"_id": 1}))
+    finally:
+        await d.r(session.end_session())
+
+
+async def test_a_first_read_in_a_bound_transaction_runs_no_probe_in_it(d, client, db_name):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)  # never read before: not probed
+    session = mongo.start_session()
+    try:
+        async with d.bound(session):
+            await d.r(session.start_transaction())
+            got = await d.r(coll.find_one({"_id": 1}))
+            await d.r(session.commit_transaction())
+    finally:
+        await d.r(session.end_session())
+    assert got == {"_id": 1, "k": "a", "v": 1}
+
+
+async def test_a_cursor_is_bound_by_where_its_first_document_is_fetched(d, client, db_name):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await d.ready(cache, db_name)
+    await d.served(cache, lambda: d.docs(coll.find({})))
+    session = mongo.start_session()
+    try:
+        outside = coll.find({})
+        before = cache.snapshot()
+        async with d.bound(session):
+            assert [x["v"] for x in await d.docs(outside)] == [1]
+            inside = coll.find({})
+        assert _delta(cache, before) == {SESSION: 1}
+        hits = cache.snapshot().hits
+        assert [x["v"] for x in await d.docs(inside)] == [1]  # fetched outside: a hit
+        assert cache.snapshot().hits == hits + 1
+    finally:
+        await d.r(session.end_session())
+
+
+# -- the causal floor ---------------------------------------------------------------
+
+
+async def test_a_write_through_the_view_is_read_back_at_once(d, client, db_name, proxy):
+    _seed(client, db_name)
+    mongo = d.client()
+    cache = d.manager(mongo, stream_uri=proxy.uri)
+    coll = await d.ready(cache, db_name)
+    assert (await d.served(cache, lambda: coll.find_one({"_id": 1})))["v"] == 1
+    assert await d.served(cache, lambda: coll.count_documents({"v": 2})) == 0
+    with _held(proxy):
+        await d.r(coll.update_one({"_id": 1}, {"$set": {"v": 2}}))
+        before = cache.snapshot()
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+        assert await d.r(coll.count_documents({"v": 2})) == 1
+        assert _delta(cache, before) == {BEHIND: 2}
+    # Once the stream has applied the write, reads are served again.
+    hits = cache.snapshot().hits
+    deadline = time.monotonic() + DEADLINE_S
+    while cache.snapshot().hits == hits:
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+        assert time.monotonic() < deadline, cache.snapshot()
+
+
+async def test_no_read_method_goes_back_behind_a_newer_version_seen(d, client, other_client, db_name, proxy):
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1}, {"_id": 2, "k": "b", "v": 1})
+    mongo = d.client()
+    cache = d.manager(mongo, stream_uri=proxy.uri)
+    coll = await d.ready(cache, db_name)
+    # Cached by _id, as a query and as a count.
+    assert (await d.served(cache, lambda: coll.find_one({"_id": 1})))["v"] == 1
+    assert [x["v"] for x in await d.served(cache, lambda: d.docs(coll.find({}, sort=[("_id", 1)])))] == [1, 1]
+    assert await d.served(cache, lambda: coll.count_documents({})) == 2
+    with _held(proxy):
+        other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+        other_client[db_name].items.delete_one({"_id": 2})
+        # A read the cache misses sees both writes...
+        assert (await d.r(coll.find_one({"k": "a"})))["v"] == 2
+        # ...so none of the entries cached before may be served now.
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+        assert [x["v"] for x in await d.docs(coll.find({}, sort=[("_id", 1)]))] == [2]
+        assert await d.r(coll.count_documents({})) == 1
+
+
+async def test_a_token_carries_a_write_to_another_process(d, client, db_name, proxy):
+    _seed(client, db_name)
+    writer = d.manager(d.client())
+    reader = d.manager(d.client(), stream_uri=proxy.uri)
+    written = await d.ready(writer, db_name)
+    coll = await d.ready(reader, db_name)
+    assert (await d.served(reader, lambda: coll.find_one({"_id": 1})))["v"] == 1
+    with _held(proxy):
+        await d.r(written.update_one({"_id": 1}, {"$set": {"v": 2}}))
+        token = writer.cluster_time()
+        assert isinstance(token, Timestamp)
+        # The reader's process has not seen the write: its cache may serve
+        # the old version...
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 1
+        # ...but not to a request that carries the writer's token.
+        before = reader.snapshot()
+        with reader.after(token):
+            assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+            assert [x["v"] for x in await d.docs(coll.find({}))] == [2]
+        assert _delta(reader, before) == {BEHIND: 2}
+
+
+async def test_a_listener_covers_writes_made_outside_the_views(d, client, db_name, proxy):
+    _seed(client, db_name)
+    mongo = d.client(event_listeners=[CausalListener()])
+    cache = d.manager(mongo, stream_uri=proxy.uri)
+    coll = await d.ready(cache, db_name)
+    assert (await d.served(cache, lambda: coll.find_one({"_id": 1})))["v"] == 1
+    with _held(proxy):
+        await d.r(coll.raw.update_one({"_id": 1}, {"$set": {"v": 2}}))
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+        await d.r(mongo[db_name].command("update", "items", updates=[{"q": {"_id": 1}, "u": {"$set": {"v": 3}}}]))
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 3
+
+
+def test_after_takes_a_timestamp_or_none(manager):
+    with manager.after(None):
+        pass
+    for bad in (5, "1:2", (1, 2)):
+        with pytest.raises(CacheConfigurationError, match="token"):
+            with manager.after(bad):
+                pass
