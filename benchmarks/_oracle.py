@@ -46,6 +46,7 @@ __all__ = [
     "Write",
     "WriteTimes",
     "applied_time",
+    "initial_versions",
     "judge",
 ]
 
@@ -117,6 +118,11 @@ class WriteTimes(monitoring.CommandListener):
     def take(self, doc: int, version: int) -> int:
         """The write's cluster time (KeyError: never acknowledged as one update)."""
         return self._times.pop((doc, version))
+
+
+def initial_versions(documents: int, version: int = 1) -> list[Write]:
+    """Every document's inserted ``version``, as a write at time 0."""
+    return [Write(k, version, 0, 0, 0) for k in range(documents)]
 
 
 # ============================================================================

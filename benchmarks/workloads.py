@@ -121,7 +121,7 @@ from pymongo.read_concern import ReadConcern
 
 from . import _oracle
 from ._common import exit_code, machine_facts, make_document, progress, quantile, summarize, write_json
-from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, judge
+from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, initial_versions, judge
 
 SCHEMA = "cqc.workloads/2"
 
@@ -487,11 +487,6 @@ class _CellRun:
 
 def oracle_write(w: Write) -> _oracle.Write:
     return _oracle.Write(w.key, w.version, w.optime, w.sent_ns, w.ack_ns)
-
-
-def initial_versions(keys: int) -> list[_oracle.Write]:
-    """Every document's inserted version 1, as a write at time 0."""
-    return [_oracle.Write(k, 1, 0, 0, 0) for k in range(keys)]
 
 
 def _run_cell_ops(
