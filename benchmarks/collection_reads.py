@@ -174,7 +174,7 @@ class _UnderWrites:
 
     def verdict(self, writes: list[Write], documents: int) -> dict[str, Any]:
         oracle = Oracle([*initial_versions(documents, INITIAL_VERSION), *writes])
-        verdict = judge(self.rows, oracle=oracle, label="writer phase: ")
+        verdict = judge(self.rows, oracle=oracle)
         return {**verdict.counts(), "documents_checked": len(self.rows), "examples": list(verdict.examples)}
 
 
