@@ -90,6 +90,11 @@ class WriteTimes(monitoring.CommandListener):
     def __init__(self) -> None:
         self._started: dict[tuple[str, int], tuple[int, int]] = {}
         self._times: dict[tuple[int, int], int] = {}
+        #: Commands the client started (a read that starts none was a hit),
+        #: and the highest operationTime of any reply: the cluster time the
+        #: process has observed, as DESIGN.md rule 7's floor counts it.
+        self.commands = 0
+        self.observed = 0
 
     @staticmethod
     def _statement(command: Any) -> tuple[int, int] | None:
@@ -101,6 +106,7 @@ class WriteTimes(monitoring.CommandListener):
         return (doc, version) if type(doc) is int and type(version) is int else None
 
     def started(self, event: Any) -> None:
+        self.commands += 1
         if event.command_name == "update":
             statement = self._statement(event.command)
             if statement is not None:
@@ -108,8 +114,11 @@ class WriteTimes(monitoring.CommandListener):
 
     def succeeded(self, event: Any) -> None:
         statement = self._started.pop((event.connection_id, event.request_id), None)
-        ot = event.reply.get("operationTime") if statement is not None else None
-        if ot is not None and event.reply.get("n", 0) == 1:
+        ot = event.reply.get("operationTime")
+        if ot is None:
+            return
+        self.observed = max(self.observed, timestamp_int(ot))
+        if statement is not None and event.reply.get("n", 0) == 1:
             self._times[statement] = timestamp_int(ot)
 
     def failed(self, event: Any) -> None:

@@ -440,6 +440,10 @@ class _CellRun:
         self.write_ns: dict[str, list[int]] = {p: [] for p in PATHS}
         self.rows = {p: Rows() for p in PATHS}
         self.writes: dict[str, list[Write]] = {p: [] for p in PATHS}
+        #: Hits served while the applied time was behind the highest
+        #: operationTime the path's client had observed: what a causal floor
+        #: (DESIGN.md rule 7) would send to MongoDB instead (an estimate).
+        self.behind = dict.fromkeys(PATHS, 0)
         self.wrong = 0
         self.examples: list[str] = []
 
@@ -452,10 +456,13 @@ class _CellRun:
         clock = time.perf_counter_ns
         manager = self.paths.managers.get(p)
         applied = applied_time(manager, self.paths.dbs[p]) if manager is not None else 0
+        times = self.paths.times[p]
+        commands, observed = times.commands, times.observed
         t0 = clock()
         got = self.readers[p].find_one({"_id": key})
         t1 = clock()
         self.read_ns[p].append(t1 - t0)
+        self.behind[p] += times.commands == commands and applied < observed
         version, wrong = self.expected.check(key, got)
         if wrong is None and version is not None and version > self.current[p][key]:
             wrong = f"version {version} is newer than the last write ({self.current[p][key]})"
@@ -561,6 +568,7 @@ def _cell_path(
         entry["misses"] = a.misses - b.misses
         entry["bypasses"] = a.bypass_total - b.bypass_total
         entry["hit_ratio"] = entry["hits"] / reads if reads else float("nan")
+        entry["hits_behind_observed_time"] = run.behind[p]
         entry["warm_passes"] = warm_passes[p]
         entry["read_p50_over_direct"] = entry["read"]["p50_us"] / direct_p50 if reads else float("nan")
         if p == "local":
