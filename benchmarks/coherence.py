@@ -12,21 +12,38 @@ ways in turn: shared (one owner, every worker attached) or process-local (a
 ``MongoClient`` and the ``AsyncCacheManager`` over ``AsyncMongoClient`` (two
 concurrent reading tasks per async worker). A read is, at random,
 
-  id     ``find_one({"_id": k})``          (an identity entry)
-  key    ``find_one({"key": "k<k>"})``     (a unique index: an alias of it)
-  group  ``find({"group": g})``            (a query entry; every document
-                                            of it is checked)
+  id        ``find_one({"_id": k})``         (an identity entry)
+  key       ``find_one({"key": "k<k>"})``    (a unique index: an alias of it)
+  group     ``find({"group": g})``           (a query entry; every document
+                                               of it is checked)
+  distinct  ``distinct("stamp", {"group": g})`` (every member's version)
+  count     ``count_documents({"_id": k, "version": {"$gte": v}})`` with v
+            the highest version of k the worker has seen (read or written):
+            0 says the document went back (the "resurrection" shape)
 
-The oracle. Every change-stream follower publishes the cluster time up to
-which the database's writes are reflected in the cache
+Each worker also owns ``OWN_DOCS`` documents of its own (members of the
+groups like the others) and writes them itself, through the cached view's
+``update_one`` (``WRITE_SHARE`` of a task's operations; an async worker's
+tasks own disjoint shares of them), then reads the written document back at
+once with a read of a random kind. Every write's ``operationTime`` comes from
+a command listener on the worker's client, so the writes keep their plain
+form.
+
+The oracle (``benchmarks._oracle``) judges every returned document three
+ways. **Stale**: every change-stream follower publishes the cluster time up
+to which the database's writes are reflected in the cache
 (``StreamSnapshot.applied_time``; in C ``cqc_db_t.applied_ts``, stored after
 the invalidation it covers). A worker reads it right before each read (``A``).
 A document read by a read that started with ``A`` must carry at least the
-newest version written to it by a write whose ``operationTime`` is at or
-before ``A``; an older one is a **stale read** (there must be none). A
-document whose content does not match its version, a version that had not
-been sent before the read ended, or a ``group`` read with other members fails
-the run.
+newest version written to it (by anyone) by a write whose ``operationTime``
+is at or before ``A``. **Monotonic**: per worker process (all of its tasks),
+no read may return an older version of a document than a read of that
+process that had completed before it started. **Read your writes**: no read
+may return an older version than the worker's own write of that document
+acknowledged before the read started. There must be none of any of them
+(DESIGN.md coherence rule 7 for the last two). A document whose content does
+not match its version, a version that had not been sent before the read
+ended, or a group read with other members fails the run.
 
 The staleness window of a write: from its acknowledgement to the first time a
 worker saw ``applied_time`` at or after its ``operationTime`` (shared: the
@@ -38,9 +55,12 @@ an upper bound by about one read interval (reported).
     python -m benchmarks.coherence --json out.json   # full (about a minute)
     python -m benchmarks.coherence --quick           # smoke run
 
-Exit status 1 if any check fails (stale reads, wrong documents, a path with no
-hits, a write never seen applied). JSON schema ``cqc.coherence/1``; the key
-``stale_reads`` is the total over every path.
+Exit status 1 if any check fails (stale reads, monotonic or read-your-writes
+violations, wrong documents, a path whose hit fraction is under
+``MIN_HIT_FRACTION``, a write never seen applied). JSON schema
+``cqc.coherence/2``; per path ``stale_reads``, ``monotonic_violations`` and
+``read_your_writes_violations``, and their totals over every path at the top
+level.
 """
 
 from __future__ import annotations
@@ -50,7 +70,6 @@ import array
 import asyncio
 import bisect
 import contextlib
-import dataclasses
 import functools
 import multiprocessing
 import random
@@ -64,12 +83,32 @@ from typing import Any
 import pymongo
 
 from ._common import conclude, machine_facts, quantile
+from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, judge
 from .workloads import BenchmarkFailed, Status, _start_owner, _stop_owner, _Workers
 
-SCHEMA = "cqc.coherence/1"
+SCHEMA = "cqc.coherence/2"
 PATHS = ("shared", "local")
 APIS = ("sync", "async")
-KIND_NAMES = ("id", "key", "group")
+#: Read kinds (a row's ``kinds`` value indexes this; ``soak`` uses 0-2 too).
+KIND_NAMES = ("id", "key", "group", "distinct", "count")
+ID, KEY, GROUP, DISTINCT, COUNT = range(len(KIND_NAMES))
+#: How often each kind is chosen: the non-identity reads (group, distinct,
+#: count) are invalidated by every write of the collection, so they mostly
+#: miss under the writes; a miss right before a hit of an older entry is
+#: what breaks monotonic reads.
+KIND_WEIGHTS = (50, 30, 8, 6, 6)
+#: A planned operation that is a worker's write of its own document.
+WRITE = -1
+#: Documents each worker writes itself, and the share of a task's
+#: operations that are such writes (each followed by a read of it).
+OWN_DOCS = 2
+WRITE_SHARE = 0.05
+#: The least share of each path's reads served from the cache: under it the
+#: judgement covers too few hits to mean anything (see docs/benchmarks.md
+#: for the figures it was chosen from).
+MIN_HIT_FRACTION = 0.1
+#: The judgement's counters, per path and in total.
+VIOLATIONS = ("stale_reads", "monotonic_violations", "read_your_writes_violations")
 #: Reading tasks per async worker process.
 ASYNC_TASKS = 2
 #: Reads after a worker has seen the last write applied.
@@ -114,21 +153,22 @@ def check_document(doc: Any, groups: int, pad_bytes: int) -> tuple[int, int] | s
 
 
 class _Reads:
-    """A worker's records: one row per returned document, the applied-time
-    transitions it saw, and the wrong results (with examples)."""
+    """A worker process's records (all its tasks together): one row per
+    returned document, its own writes, the applied-time transitions it saw,
+    the highest version of each document it has seen (read or written: the
+    floor of its ``count`` reads) and the wrong results (with examples)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
-        self.docs, self.versions = array.array("i"), array.array("q")
-        self.applied, self.starts, self.ends = array.array("q"), array.array("q"), array.array("q")
-        self.kinds = array.array("b")
+        self.rows = Rows()
+        self.writes: list[Write] = []
         self.seen_ts, self.seen_at = array.array("q"), array.array("q")
         self.reads = 0
         self.wrong = 0
         self.examples: list[str] = []
-        self.group_members = [
-            sorted(k for k in range(spec["documents"]) if k % spec["groups"] == g) for g in range(spec["groups"])
-        ]
+        total = spec["documents"] + len(spec["own_all"])
+        self.top = [0] * total
+        self.group_members = [sorted(k for k in range(total) if k % spec["groups"] == g) for g in range(spec["groups"])]
 
     def saw(self, applied: int, at_ns: int) -> None:
         if not self.seen_ts or applied != self.seen_ts[-1]:
@@ -140,43 +180,54 @@ class _Reads:
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(why)
 
-    def record(self, kind: int, target: int, got: list[Any], applied: int, t0: int, t1: int) -> None:
-        self.reads += 1
-        groups, pad = self.spec["groups"], self.spec["pad_bytes"]
-        if kind == 2:
-            ids = sorted(d.get("_id") for d in got if isinstance(d, dict))
-            if ids != self.group_members[target]:
-                self._bad(f"group {target} returned _ids {ids}")
-                return
-        elif len(got) != 1 or got[0] is None:
-            self._bad(f"{KIND_NAMES[kind]} read of document {target} found nothing")
-            return
+    def wrote(self, write: Write) -> None:
+        self.writes.append(write)
+        self.top[write.doc] = max(self.top[write.doc], write.version)
+
+    def _versions(self, kind: int, target: int, got: Any, floor: int) -> list[tuple[int, int, int]] | None:
+        """(document, version, bound) of each document a read returned, or
+        None if the read returned the wrong documents."""
+        if kind == COUNT:
+            if got in (0, 1):
+                return [(target, floor, AT_LEAST) if got else (target, floor - 1, AT_MOST)]
+            self._bad(f"count of document {target} at version >= {floor} returned {got!r:.40}")
+            return None
+        if kind == DISTINCT:
+            got = [_stamp(s) for s in got]
+        elif kind < GROUP:
+            if got is None:
+                self._bad(f"{KIND_NAMES[kind]} read of document {target} found nothing")
+                return None
+            got = [got]
+        out = []
         for doc in got:
-            checked = check_document(doc, groups, pad)
+            checked = check_document(doc, self.spec["groups"], self.spec["pad_bytes"]) if kind != DISTINCT else doc
             if isinstance(checked, str):
                 self._bad(checked)
-                continue
-            k, version = checked
-            if kind != 2 and k != target:
-                self._bad(f"{KIND_NAMES[kind]} read of document {target} returned document {k}")
-                continue
-            self.docs.append(k)
-            self.versions.append(version)
-            self.applied.append(applied)
-            self.starts.append(t0)
-            self.ends.append(t1)
-            self.kinds.append(kind)
+                return None
+            out.append((*checked, EXACT))
+        ids = sorted(k for k, _, _ in out)
+        want = self.group_members[target] if kind >= GROUP else [target]
+        if ids != want:
+            self._bad(f"{KIND_NAMES[kind]} read of {target} returned documents {ids}")
+            return None
+        return out
+
+    def record(self, kind: int, target: int, got: Any, floor: int, applied: int, t0: int, t1: int) -> None:
+        self.reads += 1
+        self.saw(applied, t0)
+        found = self._versions(kind, target, got, floor)
+        for k, version, bound in found or ():
+            self.rows.add(k, version, applied, t0, t1, kind, bound)
+            if bound != AT_MOST:
+                self.top[k] = max(self.top[k], version)
 
     def result(self, before: Any, after: Any, extra: dict[str, Any]) -> dict[str, Any]:
         return {
             "index": self.spec["index"],
             "reads": self.reads,
-            "docs": self.docs,
-            "versions": self.versions,
-            "applied": self.applied,
-            "starts": self.starts,
-            "ends": self.ends,
-            "kinds": self.kinds,
+            **self.rows.as_dict(),
+            "writes": self.writes,
             "seen_ts": self.seen_ts,
             "seen_at": self.seen_at,
             "wrong": self.wrong,
@@ -188,25 +239,106 @@ class _Reads:
         }
 
 
-def applied_time(manager: Any, db: str) -> int:
-    """The database's applied cluster time as one integer ((seconds << 32) |
-    increment), read from the manager's current arena (a worker that
-    re-attached reads its new owner's; holding an old native cache would
-    also keep its arena and ring mapped)."""
-    for s in manager._engine.native.streams():
-        if s["database"] == db:
-            t, i = s["applied_time"]
-            return (t << 32) | i
-    return 0
+def _stamp(text: Any) -> tuple[int, int] | str:
+    """(document, version) of a ``stamp`` value, or why it is wrong."""
+    k, sep, v = str(text).partition(":")
+    if not sep or not k.isdigit() or not v.isdigit():
+        return f"bad stamp {text!r:.40}"
+    return int(k), int(v)
 
 
-def _operations(spec: dict[str, Any]) -> tuple[list[tuple[int, int, Any]], list[tuple[int, int, Any]]]:
-    """(warm-up reads, the reads to choose from): (kind, target, filter)."""
-    n, groups = spec["documents"], spec["groups"]
-    ops = [(0, k, {"_id": k}) for k in range(n)]
-    ops += [(1, k, {"key": f"k{k}"}) for k in range(n)]
-    ops += [(2, g, {"group": g}) for g in range(groups)]
-    return ops, ops
+def _request(kind: int, target: int, floor: int) -> tuple[str, tuple[Any, ...]]:
+    """The collection method and arguments of a read."""
+    if kind == ID:
+        return "find_one", ({"_id": target},)
+    if kind == KEY:
+        return "find_one", ({"key": f"k{target}"},)
+    if kind == GROUP:
+        return "find", ({"group": target},)
+    if kind == DISTINCT:
+        return "distinct", ("stamp", {"group": target})
+    return "count_documents", ({"_id": target, "version": {"$gte": floor}},)
+
+
+def _operations(spec: dict[str, Any]) -> list[tuple[int, int]]:
+    """Every read a worker warms up with and chooses from: (kind, target)."""
+    total, groups = spec["documents"] + len(spec["own_all"]), spec["groups"]
+    ops = [(kind, k) for kind in (ID, KEY, COUNT) for k in range(total)]
+    return ops + [(kind, g) for kind in (GROUP, DISTINCT) for g in range(groups)]
+
+
+def _choose(rng: random.Random, ops: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """A read: its kind by ``KIND_WEIGHTS``, then its target."""
+    kind = rng.choices(range(len(KIND_NAMES)), weights=KIND_WEIGHTS)[0]
+    return rng.choice([op for op in ops if op[0] == kind])
+
+
+def _readback(doc: int, groups: int, rng: random.Random) -> tuple[int, int]:
+    """A read, of a random kind, that returns ``doc`` (after writing it)."""
+    kind = rng.choice((ID, KEY, GROUP, DISTINCT, COUNT))
+    return kind, (doc % groups if kind in (GROUP, DISTINCT) else doc)
+
+
+class _Plan:
+    """What one reading task (a sync worker has one) does next: after a
+    write of its own, a read of that document; else a write of one of its
+    own documents (``WRITE_SHARE`` of the operations), else a random read."""
+
+    def __init__(self, spec: dict[str, Any], task: int, tasks: int) -> None:
+        self.rng = random.Random(f"{spec['seed']}/{task}")
+        self.ops = _operations(spec)
+        self.groups = spec["groups"]
+        self.mine = spec["own"][task::tasks]
+        self.versions = dict.fromkeys(self.mine, 0)
+        self.readback: int | None = None
+
+    def next(self) -> tuple[int, int]:
+        """(WRITE, document) or (read kind, target)."""
+        if self.readback is not None:
+            doc, self.readback = self.readback, None
+            return _readback(doc, self.groups, self.rng)
+        if self.mine and self.rng.random() < WRITE_SHARE:
+            doc = self.rng.choice(self.mine)
+            self.readback = doc
+            return WRITE, doc
+        return _choose(self.rng, self.ops)
+
+    def update(self, doc: int) -> tuple[dict[str, Any], dict[str, Any], int]:
+        """The filter and update of this task's next write of ``doc``."""
+        v = self.versions[doc] = self.versions[doc] + 1
+        return {"_id": doc}, {"$set": {"version": v, "stamp": f"{doc}:{v}"}}, v
+
+
+class _Ending:
+    """When a task stops: after the parent's last write was seen applied,
+    ``TAIL_NS`` more; or at the run limit (unfinished)."""
+
+    def __init__(self, spec: dict[str, Any], stop: Any, final: Any) -> None:
+        self.stop, self.final = stop, final
+        self.end_by = time.monotonic_ns() + int(spec["run_limit"] * 1e9)
+        self.unfinished = False
+
+    def task(self) -> Any:
+        tail_until = 0
+
+        def done(applied: int, t1: int) -> bool:
+            nonlocal tail_until
+            if self.stop.value:
+                if tail_until:
+                    if t1 >= tail_until:
+                        return True
+                elif applied >= self.final[0]:
+                    tail_until = t1 + TAIL_NS
+            if t1 > self.end_by:
+                self.unfinished = True
+                return True
+            return False
+
+        return done
+
+
+def applied_reader(manager: Any, db: str) -> Any:
+    return functools.partial(applied_time, manager, db)
 
 
 def _make_manager(spec: dict[str, Any], client: Any, cls: Any) -> Any:
@@ -215,11 +347,33 @@ def _make_manager(spec: dict[str, Any], client: Any, cls: Any) -> Any:
     return cls(client, budget_bytes=LOCAL_BUDGET_BYTES, max_await_time_ms=spec["max_await_ms"])
 
 
+def _sync_read(coll: Any, kind: int, target: int, floor: int) -> Any:
+    method, args = _request(kind, target, floor)
+    got = getattr(coll, method)(*args)
+    return list(got) if method == "find" else got
+
+
+async def _async_read(coll: Any, kind: int, target: int, floor: int) -> Any:
+    method, args = _request(kind, target, floor)
+    if method == "find":
+        return await coll.find(*args).to_list()
+    return await getattr(coll, method)(*args)
+
+
+def _warm_pass_hit(manager: Any, reads: int, h0: int, spec: dict[str, Any], deadline: float) -> bool:
+    if manager.snapshot().hits - h0 == reads:
+        return True
+    if time.monotonic() > deadline:
+        raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
+    return False
+
+
 def _sync_worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, barrier: Any) -> dict[str, Any]:
     from client_query_cache import CacheManager
 
     timeout = spec["timeout"]
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
+    times = WriteTimes()
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"], event_listeners=[times])
     manager: Any = None
     try:
         manager = _make_manager(spec, client, CacheManager)
@@ -227,60 +381,75 @@ def _sync_worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, bar
         coll.find_one({"_id": 0})
         if not manager.wait_ready(timeout, database=spec["db"]):
             raise BenchmarkFailed("the change stream did not become ready")
-        warm, ops = _operations(spec)
-
-        def read(kind: int, flt: Any) -> list[Any]:
-            return [coll.find_one(flt)] if kind < 2 else list(coll.find(flt))
-
-        deadline = time.monotonic() + timeout
+        warm, deadline = _operations(spec), time.monotonic() + timeout
         while True:  # until a whole pass hits
             h0 = manager.snapshot().hits
-            for kind, _, flt in warm:
-                read(kind, flt)
-            if manager.snapshot().hits - h0 == len(warm):
+            for kind, target in warm:
+                _sync_read(coll, kind, target, 0)
+            if _warm_pass_hit(manager, len(warm), h0, spec, deadline):
                 break
-            if time.monotonic() > deadline:
-                raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
             time.sleep(0.02)
-        applied = functools.partial(applied_time, manager, spec["db"])
-        rec = _Reads(spec)
-        rng = random.Random(spec["seed"])
+        applied = applied_reader(manager, spec["db"])
+        rec, plan = _Reads(spec), _Plan(spec, 0, 1)
         clock, pause = time.monotonic_ns, spec["read_pause"]
         before = manager.snapshot()
         barrier.wait(timeout)
-        tail_until = 0
-        end_by = time.monotonic_ns() + int(spec["run_limit"] * 1e9)
+        ending = _Ending(spec, stop, final)
+        done = ending.task()
         while True:
-            kind, target, flt = rng.choice(ops)
-            a = applied()
+            kind, target = plan.next()
+            if kind == WRITE:
+                flt, update, v = plan.update(target)
+                sent = clock()
+                coll.update_one(flt, update)
+                rec.wrote(Write(target, v, times.take(target, v), sent, clock()))
+                continue
+            floor, a = rec.top[target], applied()
             t0 = clock()
-            got = read(kind, flt)
+            got = _sync_read(coll, kind, target, floor)
             t1 = clock()
-            rec.saw(a, t0)
-            rec.record(kind, target, got, a, t0, t1)
+            rec.record(kind, target, got, floor, a, t0, t1)
             counters[spec["index"]] = rec.reads
-            if stop.value:
-                if tail_until:
-                    if t1 >= tail_until:
-                        break
-                elif a >= final[0]:
-                    tail_until = t1 + TAIL_NS
-            if t1 > end_by:
-                return rec.result(before, manager.snapshot(), {"unfinished": True})
+            if done(a, t1):
+                break
             if pause:
                 time.sleep(pause)
-        return rec.result(before, manager.snapshot(), {"unfinished": False})
+        return rec.result(before, manager.snapshot(), {"unfinished": ending.unfinished})
     finally:
         if manager is not None:
             manager.close()
         client.close()
 
 
+async def _async_task(coll: Any, rec: _Reads, plan: _Plan, times: WriteTimes, ctx: dict[str, Any]) -> None:
+    """One reading task of an async worker; ``ctx``: the applied-time
+    reader, the ending, the counters, the pause."""
+    clock, applied, done = time.monotonic_ns, ctx["applied"], ctx["ending"].task()
+    while True:
+        kind, target = plan.next()
+        if kind == WRITE:
+            flt, update, v = plan.update(target)
+            sent = clock()
+            await coll.update_one(flt, update)
+            rec.wrote(Write(target, v, times.take(target, v), sent, clock()))
+            continue
+        floor, a = rec.top[target], applied()
+        t0 = clock()
+        got = await _async_read(coll, kind, target, floor)
+        t1 = clock()
+        rec.record(kind, target, got, floor, a, t0, t1)
+        ctx["counters"][rec.spec["index"]] = rec.reads
+        if done(a, t1):
+            return
+        await asyncio.sleep(ctx["pause"])
+
+
 async def _async_worker_run(spec: dict[str, Any], counters: Any, stop: Any, final: Any, barrier: Any) -> dict[str, Any]:
     from client_query_cache import AsyncCacheManager
 
     timeout = spec["timeout"]
-    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(spec["uri"])
+    times = WriteTimes()
+    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(spec["uri"], event_listeners=[times])
     manager: Any = None
     try:
         manager = _make_manager(spec, client, AsyncCacheManager)
@@ -288,55 +457,23 @@ async def _async_worker_run(spec: dict[str, Any], counters: Any, stop: Any, fina
         await coll.find_one({"_id": 0})
         if not await manager.wait_ready(timeout, database=spec["db"]):
             raise BenchmarkFailed("the change stream did not become ready")
-        warm, ops = _operations(spec)
-
-        async def read(kind: int, flt: Any) -> list[Any]:
-            return [await coll.find_one(flt)] if kind < 2 else await coll.find(flt).to_list()
-
-        deadline = time.monotonic() + timeout
+        warm, deadline = _operations(spec), time.monotonic() + timeout
         while True:
             h0 = manager.snapshot().hits
-            for kind, _, flt in warm:
-                await read(kind, flt)
-            if manager.snapshot().hits - h0 == len(warm):
+            for kind, target in warm:
+                await _async_read(coll, kind, target, 0)
+            if _warm_pass_hit(manager, len(warm), h0, spec, deadline):
                 break
-            if time.monotonic() > deadline:
-                raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
             await asyncio.sleep(0.02)
-        applied = functools.partial(applied_time, manager, spec["db"])
         rec = _Reads(spec)
-        clock, pause = time.monotonic_ns, spec["read_pause"]
         before = manager.snapshot()
         barrier.wait(timeout)
-        end_by = time.monotonic_ns() + int(spec["run_limit"] * 1e9)
-        unfinished = False
-
-        async def task(n: int) -> None:
-            nonlocal unfinished
-            rng = random.Random(f"{spec['seed']}/{n}")
-            tail_until = 0
-            while True:
-                kind, target, flt = rng.choice(ops)
-                a = applied()
-                t0 = clock()
-                got = await read(kind, flt)
-                t1 = clock()
-                rec.saw(a, t0)
-                rec.record(kind, target, got, a, t0, t1)
-                counters[spec["index"]] = rec.reads
-                if stop.value:
-                    if tail_until:
-                        if t1 >= tail_until:
-                            return
-                    elif a >= final[0]:
-                        tail_until = t1 + TAIL_NS
-                if t1 > end_by:
-                    unfinished = True
-                    return
-                await asyncio.sleep(pause)
-
-        await asyncio.gather(*(task(n) for n in range(ASYNC_TASKS)))
-        return rec.result(before, manager.snapshot(), {"unfinished": unfinished})
+        ending = _Ending(spec, stop, final)
+        ctx = {"applied": applied_reader(manager, spec["db"]), "ending": ending, "counters": counters}
+        ctx["pause"] = spec["read_pause"]
+        plans = [_Plan(spec, n, ASYNC_TASKS) for n in range(ASYNC_TASKS)]
+        await asyncio.gather(*(_async_task(coll, rec, plan, times, ctx) for plan in plans))
+        return rec.result(before, manager.snapshot(), {"unfinished": ending.unfinished})
     finally:
         if manager is not None:
             await manager.close()
@@ -350,20 +487,9 @@ def _worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: An
         return _sync_worker(spec, counters, stop, final, barrier)
     return asyncio.run(_async_worker_run(spec, counters, stop, final, barrier))
 
-
 # ============================================================================
 # Writers
 # ============================================================================
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Write:
-    doc: int
-    version: int
-    #: operationTime of the write, (seconds << 32) | increment.
-    optime: int
-    sent_ns: int
-    ack_ns: int
 
 
 def _writer(
@@ -417,58 +543,24 @@ def write_all(coll: Any, *, writers: int, documents: int, writes: int, interval:
 # ============================================================================
 
 
-class Oracle:
-    """What each read must return, from the writes' operation times."""
-
-    def __init__(self, writes: Sequence[Write]) -> None:
-        self._times: dict[int, list[int]] = {}
-        self._versions: dict[int, list[int]] = {}
-        self._sent: dict[tuple[int, int], int] = {}
-        for w in sorted(writes, key=lambda w: w.optime):
-            self._times.setdefault(w.doc, []).append(w.optime)
-            self._versions.setdefault(w.doc, []).append(w.version)
-            self._sent[(w.doc, w.version)] = w.sent_ns
-
-    def required(self, doc: int, applied: int) -> int:
-        """The newest version of ``doc`` written at or before ``applied``."""
-        times = self._times.get(doc)
-        if not times:
-            return 0
-        n = bisect.bisect_right(times, applied)
-        return self._versions[doc][n - 1] if n else 0
-
-    def impossible(self, doc: int, version: int, end_ns: int) -> str | None:
-        """Why a version cannot have been read by a read ending at end_ns."""
-        if version == 0:
-            return None
-        sent = self._sent.get((doc, version))
-        if sent is None:
-            return f"document {doc} at version {version} was never written"
-        if sent > end_ns:
-            return f"document {doc} at version {version} was read before its write was sent"
-        return None
-
-
 def check_reads(oracle: Oracle, result: dict[str, Any]) -> dict[str, Any]:
-    """Stale and impossible reads among one worker's rows."""
-    stale, impossible, examples = 0, 0, []
-    docs, versions, applied, ends = result["docs"], result["versions"], result["applied"], result["ends"]
-    for n in range(len(docs)):
-        k, v = docs[n], versions[n]
-        need = oracle.required(k, applied[n])
-        if v < need:
-            stale += 1
-            if len(examples) < MAX_EXAMPLES:
-                examples.append(
-                    f"worker {result['index']}: {KIND_NAMES[result['kinds'][n]]} read returned document {k} "
-                    f"at version {v}, but version {need} had been applied before it started"
-                )
-        why = oracle.impossible(k, v, ends[n])
-        if why:
-            impossible += 1
-            if len(examples) < MAX_EXAMPLES:
-                examples.append(f"worker {result['index']}: {why}")
-    return {"stale": stale, "impossible": impossible, "examples": examples}
+    """One worker's rows judged (``_oracle.judge``): stale and impossible
+    reads, and, where the rows carry start times, monotonic and
+    read-your-writes violations (against ``result["writes"]``, its own)."""
+    verdict = judge(
+        result,
+        oracle=oracle,
+        own_writes=result.get("writes", ()),
+        label=f"worker {result['index']}: ",
+        kind_names=KIND_NAMES,
+    )
+    return {
+        "stale": verdict.stale,
+        "impossible": verdict.impossible,
+        "monotonic": verdict.monotonic,
+        "read_your_writes": verdict.read_your_writes,
+        "examples": list(verdict.examples),
+    }
 
 
 def staleness_windows(path: str, writes: Sequence[Write], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -546,7 +638,9 @@ def run_path(
     pool: _Workers | None = None
     try:
         coll = client[db][coll_name]
-        coll.insert_many([document(k, 0, groups, pad_bytes) for k in range(documents)])
+        own = [list(range(documents + n * OWN_DOCS, documents + (n + 1) * OWN_DOCS)) for n in range(workers)]
+        total = documents + workers * OWN_DOCS
+        coll.insert_many([document(k, 0, groups, pad_bytes) for k in range(total)])
         coll.create_index("key", unique=True)
         coll.create_index("group")
         shared_name = None
@@ -567,6 +661,8 @@ def run_path(
                     "api": api,
                     "index": n,
                     "documents": documents,
+                    "own": own[n],
+                    "own_all": [k for mine in own for k in mine],
                     "groups": groups,
                     "pad_bytes": pad_bytes,
                     "shared_name": shared_name,
@@ -598,9 +694,17 @@ def run_path(
         with contextlib.suppress(Exception):
             client[db].drop_collection(coll_name)
         client.close()
-    oracle = Oracle(log)
+    return _path_result(path, api, workers, writers, log, write_seconds, results)
+
+
+def _path_result(
+    path: str, api: str, workers: int, writers: int, log: list[Write], write_seconds: float, results: list[Any]
+) -> dict[str, Any]:
+    """One path's figures and judgement from the writes and the workers' records."""
+    oracle = Oracle([*log, *(w for r in results for w in r["writes"])])
     checked = [check_reads(oracle, r) for r in results]
     examples = [e for c in checked for e in c["examples"]] + [e for r in results for e in r["examples"]]
+    reads, hits = sum(r["reads"] for r in results), sum(r["hits"] for r in results)
     return {
         "path": path,
         "api": api,
@@ -609,12 +713,16 @@ def run_path(
         "writes": len(log),
         "write_seconds": write_seconds,
         "write_ack_ms": _ms([w.ack_ns - w.sent_ns for w in log]),
-        "reads": sum(r["reads"] for r in results),
+        "reads": reads,
         "documents_checked": sum(len(r["docs"]) for r in results),
-        "hits": sum(r["hits"] for r in results),
+        "hits": hits,
         "misses": sum(r["misses"] for r in results),
         "bypasses": sum(r["bypasses"] for r in results),
+        "worker_writes": sum(len(r["writes"]) for r in results),
+        "hit_fraction": hits / reads if reads else 0.0,
         "stale_reads": sum(c["stale"] for c in checked),
+        "monotonic_violations": sum(c["monotonic"] for c in checked),
+        "read_your_writes_violations": sum(c["read_your_writes"] for c in checked),
         "impossible_reads": sum(c["impossible"] for c in checked),
         "wrong_results": sum(r["wrong"] for r in results),
         "workers_unfinished": sum(1 for r in results if r["unfinished"]),
@@ -663,10 +771,11 @@ def build_report(params: dict[str, Any], paths: Sequence[dict[str, Any]]) -> dic
         "schema": SCHEMA,
         "machine": machine_facts(),
         "params": params,
+        "min_hit_fraction": MIN_HIT_FRACTION,
         "paths": list(paths),
         "reads": sum(p["reads"] for p in paths),
         "hits": sum(p["hits"] for p in paths),
-        "stale_reads": sum(p["stale_reads"] for p in paths),
+        **{key: sum(p[key] for p in paths) for key in VIOLATIONS},
     }
 
 
@@ -674,12 +783,14 @@ def checks(report: dict[str, Any]) -> list[str]:
     problems = []
     for p in report["paths"]:
         label = f"{p['path']}/{p['api']}"
-        if p["stale_reads"]:
-            problems.append(f"{label}: {p['stale_reads']} stale reads")
+        problems.extend(f"{label}: {p[key]} {key.replace('_', ' ')}" for key in VIOLATIONS if p[key])
         if p["impossible_reads"] or p["wrong_results"]:
             problems.append(f"{label}: {p['impossible_reads'] + p['wrong_results']} wrong results")
-        if not p["hits"]:
-            problems.append(f"{label}: no read was served from the cache (nothing was checked)")
+        if p["hit_fraction"] < MIN_HIT_FRACTION:
+            problems.append(
+                f"{label}: {p['hits']} of {p['reads']} reads hit ({p['hit_fraction']:.0%}), under the "
+                f"{MIN_HIT_FRACTION:.0%} the judgement needs to mean anything"
+            )
         if p["workers_unfinished"]:
             problems.append(f"{label}: {p['workers_unfinished']} workers never saw the last write applied")
         if p["window_ms"] is None:
@@ -691,8 +802,8 @@ def checks(report: dict[str, Any]) -> list[str]:
 def print_report(report: dict[str, Any], out: Any = None) -> None:
     out = out or sys.stdout
     head = (
-        f"{'path':<14} {'reads':>7} {'docs':>7} {'hits':>7} {'writes':>6} {'stale':>5} "
-        f"{'window p50/p95/p99/max ms':>27} {'read gap':>8}"
+        f"{'path':<14} {'reads':>7} {'docs':>7} {'hits':>5} {'writes':>6} {'own':>5} {'stale':>5} {'mono':>5} "
+        f"{'ryw':>5} {'window p50/p95/p99/max ms':>27} {'read gap':>8}"
     )
     print(head, file=out)
     for p in report["paths"]:
@@ -700,11 +811,18 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
         window = "/".join(f"{w.get(q, float('nan')):.1f}" for q in ("p50", "p95", "p99", "max"))
         gap = p["read_interval_ms_p50"]
         print(
-            f"{p['path'] + '/' + p['api']:<14} {p['reads']:>7} {p['documents_checked']:>7} {p['hits']:>7} "
-            f"{p['writes']:>6} {p['stale_reads']:>5} {window:>27} {gap if gap is None else round(gap, 2):>8}",
+            f"{p['path'] + '/' + p['api']:<14} {p['reads']:>7} {p['documents_checked']:>7} "
+            f"{p['hit_fraction']:>5.0%} {p['writes']:>6} {p['worker_writes']:>5} {p['stale_reads']:>5} "
+            f"{p['monotonic_violations']:>5} {p['read_your_writes_violations']:>5} {window:>27} "
+            f"{gap if gap is None else round(gap, 2):>8}",
             file=out,
         )
-    print(f"stale_reads {report['stale_reads']} of {report['reads']} reads ({report['hits']} hits)", file=out)
+    print(
+        f"stale_reads {report['stale_reads']}, monotonic_violations {report['monotonic_violations']}, "
+        f"read_your_writes_violations {report['read_your_writes_violations']} of {report['reads']} reads "
+        f"({report['hits']} hits; at least {MIN_HIT_FRACTION:.0%} per path required)",
+        file=out,
+    )
 
 
 def _csv(choices: Sequence[str]) -> Any:

@@ -27,8 +27,16 @@ direct read of a sample back to back in alternating order:
 
 Every hot and cold result is compared with the direct read of the same
 sample, after both stop timestamps; a difference fails the run. In the
-writer phase the two reads may legitimately straddle a write, so results are
-not compared there. Times include listing a cursor. Quantiles are
+writer phase (the writer sets each document's next ``version`` and reports
+every write's ``operationTime``) the two reads may straddle a write, which
+changes only versions: the cached result must equal the direct one but for
+the versions (count, distinct and aggregate do not depend on them), and the
+oracle (``benchmarks._oracle``) judges every document a cached find
+returned: not older than the newest write the cache had applied before the
+read started (``stale_reads``), nor than an earlier cached read had returned
+(``monotonic_violations``); both must be 0, and at least
+``MIN_WRITER_HIT_FRACTION`` of the phase's cached reads must hit
+(``phases.writer_judgement``). Times include listing a cursor. Quantiles are
 nearest-rank. Ratios are cached p50 / direct p50 of the same phase.
 
     python -m benchmarks.collection_reads --json out.json   # full (about 1.5 minutes here)
@@ -57,13 +65,22 @@ from client_query_cache import CacheManager
 from client_query_cache.testing import disposable_uri
 
 from ._common import exit_code, machine_facts, make_document, progress, summarize, write_json
+from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, initial_versions, judge
 
-SCHEMA = "client-query-cache/collection-reads/1"
+SCHEMA = "client-query-cache/collection-reads/2"
 HOT_GROUPS = 16
 HOT_BUCKETS = 4
 BUCKETS = 20
 TARGET_HOT = 0.2
 TARGET_COLD = 1.10
+#: ``make_document``'s version; the writer sets the next one each time.
+INITIAL_VERSION = 1
+#: The least share of the writer phase's cached reads (all operations
+#: together) that must hit, so that the oracle has hits to judge: every
+#: write invalidates every cached read of the collection, so few hit (see
+#: docs/benchmarks.md for the figures it was chosen from).
+MIN_WRITER_HIT_FRACTION = 0.03
+VIOLATIONS = ("stale_reads", "monotonic_violations", "impossible_reads")
 
 # name -> (method, builder of (args, kwargs) from (group, bucket, extra filter))
 Op = Callable[[int, int, dict[str, Any]], tuple[str, tuple[Any, ...], dict[str, Any]]]
@@ -95,18 +112,95 @@ def _call(coll: Any, op: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
     return list(result) if method in ("find", "aggregate") else result
 
 
-def _writer(uri: str, db: str, docs: int, interval: float, stop: Any, count: Any) -> None:
-    """Update one random document every ``interval`` seconds until ``stop``."""
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+def _writer(uri: str, db: str, docs: int, interval: float, stop: Any, count: Any, log: Any) -> None:
+    """Set the next ``version`` of one random document every ``interval``
+    seconds until ``stop``; then put every write (document, version,
+    operationTime, sent, acknowledged; ``time.monotonic_ns``) on ``log``."""
+    times = WriteTimes()
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
     rng = random.Random(7)
     coll = client[db]["docs"]
+    versions = [INITIAL_VERSION] * docs
+    done: list[tuple[int, int, int, int, int]] = []
     try:
         while not stop.is_set():
-            coll.update_one({"_id": rng.randrange(docs)}, {"$inc": {"version": 1}})
+            k = rng.randrange(docs)
+            v = versions[k] = versions[k] + 1
+            sent = time.monotonic_ns()
+            coll.update_one({"_id": k}, {"$set": {"version": v}})
+            done.append((k, v, times.take(k, v), sent, time.monotonic_ns()))
             count.value += 1
             stop.wait(interval)
     finally:
+        log.put(done)
         client.close()
+
+
+class _Exact:
+    """Hot and cold phases: the cached result must equal the direct one."""
+
+    def before(self) -> tuple[int, int]:
+        return 0, 0
+
+    def differs(self, op_name: str, cached: Any, direct: Any, stamp: tuple[int, int, int]) -> bool:
+        return bool(cached != direct)
+
+
+class _UnderWrites:
+    """Writer phase: the two reads of a sample may straddle a write, which
+    changes only documents' ``version``. So the cached result must equal the
+    direct one but for the versions (count, distinct and aggregate do not
+    depend on them: exactly), and every document a cached find returned is
+    judged by the oracle (``benchmarks._oracle``): stale against the applied
+    time taken right before the read, monotonic against this process's
+    earlier cached reads (the reader does not write: no read-your-writes)."""
+
+    def __init__(self, manager: CacheManager, db: str) -> None:
+        self.manager, self.db = manager, db
+        self.rows = Rows()
+
+    def before(self) -> tuple[int, int]:
+        return applied_time(self.manager, self.db), time.monotonic_ns()
+
+    def differs(self, op_name: str, cached: Any, direct: Any, stamp: tuple[int, int, int]) -> bool:
+        if not op_name.startswith("find"):
+            return bool(cached != direct)
+        cached = [cached] if op_name == "find_one" else cached
+        direct = [direct] if op_name == "find_one" else direct
+        for doc in cached:
+            if doc is not None:
+                self.rows.add(doc["_id"], doc["version"], stamp[0], stamp[1], stamp[2], 0)
+        return _unversioned(cached) != _unversioned(direct)
+
+    def verdict(self, writes: list[Write], documents: int) -> dict[str, Any]:
+        oracle = Oracle([*initial_versions(documents, INITIAL_VERSION), *writes])
+        verdict = judge(self.rows, oracle=oracle)
+        return {**verdict.counts(), "documents_checked": len(self.rows), "examples": list(verdict.examples)}
+
+
+def _unversioned(docs: list[Any]) -> list[Any]:
+    return [None if d is None else {k: v for k, v in d.items() if k != "version"} for d in docs]
+
+
+def _sample(
+    cached: Any, direct: Any, op: Any, first_cached: bool, checker: _Exact | _UnderWrites
+) -> tuple[tuple[int, int], tuple[Any, Any], tuple[int, int, int]]:
+    """One sample: the cached and the direct read in the given order; their
+    times and results (cached first) and the cached read's (applied time,
+    start, end) for the oracle, taken outside the timed region."""
+    clock = time.perf_counter_ns
+    times, got = [0, 0], [None, None]
+    stamp = (0, 0, 0)
+    for which in ((cached, direct) if first_cached else (direct, cached)):
+        n = 0 if which is cached else 1
+        applied, start = checker.before() if n == 0 else (0, 0)
+        t0 = clock()
+        got[n] = _call(which, op)
+        t1 = clock()
+        times[n] = t1 - t0
+        if n == 0:
+            stamp = (applied, start, time.monotonic_ns())
+    return (times[0], times[1]), (got[0], got[1]), stamp
 
 
 def _phase(
@@ -119,12 +213,12 @@ def _phase(
     groups: list[int],
     buckets: list[int],
     cold_counter: list[int],
-    compare: bool,
+    checker: _Exact | _UnderWrites,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Time every operation ``samples`` times, cached and direct back to back."""
+    """Time every operation ``samples`` times, cached and direct back to back;
+    ``checker`` compares and judges what each sample returned."""
     results: dict[str, Any] = {}
     problems: list[str] = []
-    clock = time.perf_counter_ns
     for op_name, build in OPERATIONS.items():
         t_cached: list[int] = []
         t_direct: list[int] = []
@@ -137,19 +231,10 @@ def _phase(
                 cold_counter[0] += 1
                 extra = {"_id": {"$ne": -cold_counter[0]}}
             op = build(rng.choice(groups), rng.choice(buckets), extra)
-            first_cached = n % 2 == 0
-            for which in ((cached, direct) if first_cached else (direct, cached)):
-                t0 = clock()
-                got = _call(which, op)
-                t1 = clock()
-                if which is cached:
-                    t_cached.append(t1 - t0)
-                    got_cached = got
-                else:
-                    t_direct.append(t1 - t0)
-                    got_direct = got
-            if compare and got_cached != got_direct:
-                mismatches += 1
+            times, got, stamp = _sample(cached, direct, op, n % 2 == 0, checker)
+            t_cached.append(times[0])
+            t_direct.append(times[1])
+            mismatches += checker.differs(op_name, got[0], got[1], stamp)
         after = manager.snapshot()
         hits, misses = after.hits - before.hits, after.misses - before.misses
         admitted = after.admissions - before.admissions
@@ -177,6 +262,64 @@ def _phase(
             f"ratio {results[op_name]['cached_over_direct_p50']:.3f}  hits {hits}/{samples}"
         )
     return results, problems
+
+
+def _writer_phase(
+    uri: str,
+    db_name: str,
+    documents: int,
+    write_interval: float,
+    manager: CacheManager,
+    readers: tuple[Any, Any],
+    samples: int,
+    rng: random.Random,
+    hot: tuple[list[int], list[int]],
+    cold_counter: list[int],
+    phases: dict[str, Any],
+) -> list[str]:
+    """The writer phase: another process writes while the samples run; every
+    sample is compared and judged (``_UnderWrites``). Fills ``phases``
+    (``writer``, ``writer_updates``, ``writer_judgement``); returns the
+    problems."""
+    progress(f"writer phase: one update every {write_interval * 1000:.0f} ms from another process")
+    ctx = multiprocessing.get_context("spawn")
+    stop, count, log = ctx.Event(), ctx.Value("l", 0), ctx.Queue()
+    writer = ctx.Process(target=_writer, args=(uri, db_name, documents, write_interval, stop, count, log))
+    writer.start()
+    checker = _UnderWrites(manager, db_name)
+    try:
+        deadline = time.monotonic() + 60
+        while count.value == 0 and writer.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the phase starts once writes are flowing
+        started, first = time.perf_counter(), count.value
+        phases["writer"], problems = _phase("writer", manager, *readers, samples, rng, *hot, cold_counter, checker)
+        elapsed, updates = time.perf_counter() - started, count.value - first
+    finally:
+        stop.set()
+        done = log.get(timeout=60)  # the writer's log, put when it stops
+        writer.join(30)
+    writes = [Write(*w) for w in done]
+    phases["writer_updates"] = {"count": updates, "seconds": elapsed}
+    if updates == 0:
+        problems.append("writer phase: the writer made no update")
+    return problems + _judge_writer_phase(phases, checker.verdict(writes, documents), samples)
+
+
+def _judge_writer_phase(phases: dict[str, Any], verdict: dict[str, Any], samples: int) -> list[str]:
+    """The oracle's verdict and the hit fraction of the writer phase."""
+    reads = samples * len(OPERATIONS)
+    hits = sum(phases["writer"][op]["hits"] for op in OPERATIONS)
+    verdict.update({"reads": reads, "hits": hits, "hit_fraction": hits / reads if reads else 0.0})
+    verdict["min_hit_fraction"] = MIN_WRITER_HIT_FRACTION
+    phases["writer_judgement"] = verdict
+    problems = [f"writer phase: {verdict[key]} {key.replace('_', ' ')}" for key in VIOLATIONS if verdict[key]]
+    problems += [f"writer phase: {e}" for e in verdict["examples"] if problems]
+    if verdict["hit_fraction"] < MIN_WRITER_HIT_FRACTION:
+        problems.append(
+            f"writer phase: {hits} of {reads} cached reads hit, under the {MIN_WRITER_HIT_FRACTION:.0%} "
+            "the judgement needs to mean anything"
+        )
+    return problems
 
 
 def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_interval: float) -> dict[str, Any]:
@@ -216,30 +359,22 @@ def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_in
             for phase in ("hot", "cold"):
                 progress(f"{phase} phase: {samples} samples per operation")
                 phases[phase], found = _phase(
-                    phase, manager, cached, direct, samples, rng, hot_groups, hot_buckets, cold_counter, True
+                    phase, manager, cached, direct, samples, rng, hot_groups, hot_buckets, cold_counter, _Exact()
                 )
                 problems += found
-            progress(f"writer phase: one update every {write_interval * 1000:.0f} ms from another process")
-            ctx = multiprocessing.get_context("spawn")
-            stop, count = ctx.Event(), ctx.Value("l", 0)
-            writer = ctx.Process(target=_writer, args=(uri, db_name, documents, write_interval, stop, count))
-            writer.start()
-            try:
-                deadline = time.monotonic() + 60
-                while count.value == 0 and writer.is_alive() and time.monotonic() < deadline:
-                    time.sleep(0.01)  # the phase starts once writes are flowing
-                started, first = time.perf_counter(), count.value
-                phases["writer"], found = _phase(
-                    "writer", manager, cached, direct, samples, rng, hot_groups, hot_buckets, cold_counter, False
-                )
-                elapsed, updates = time.perf_counter() - started, count.value - first
-                problems += [p for p in found if "bypassed" in p]
-            finally:
-                stop.set()
-                writer.join(30)
-            phases["writer_updates"] = {"count": updates, "seconds": elapsed}
-            if updates == 0:
-                problems.append("writer phase: the writer made no update")
+            problems += _writer_phase(
+                uri,
+                db_name,
+                documents,
+                write_interval,
+                manager,
+                (cached, direct),
+                samples,
+                rng,
+                (hot_groups, hot_buckets),
+                cold_counter,
+                phases,
+            )
     finally:
         client.drop_database(db_name)
         client.close()
@@ -292,8 +427,13 @@ def _print(report: dict[str, Any]) -> None:
                 f"{r['cached']['p50_us']:>10.1f} {r['cached']['p95_us']:>9.1f} "
                 f"{r['cached_over_direct_p50']:>7.3f} {mark:>7} {r['hits']:>6}"
             )
-    w = report["phases"]["writer_updates"]
+    w, j = report["phases"]["writer_updates"], report["phases"]["writer_judgement"]
     print(f"writer: {w['count']} updates in {w['seconds']:.1f} s during the writer phase")
+    print(
+        f"writer phase judged: {j['documents_checked']} documents of cached finds; stale_reads {j['stale_reads']}, "
+        f"monotonic_violations {j['monotonic_violations']}, impossible_reads {j['impossible_reads']}; "
+        f"{j['hits']} of {j['reads']} cached reads hit (at least {j['min_hit_fraction']:.0%} required)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

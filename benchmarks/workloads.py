@@ -30,13 +30,18 @@ operations the cached paths are warmed until a whole pass over the documents
 hits. Every operation is timed with ``perf_counter_ns``; after its stop
 timestamp each read is verified: its BSON must be the inserted document with
 the ``version`` it carries, and that version must not be newer than the
-path's last acknowledged write to the key. Reads that return an older version
-than the path's own last acknowledged write are counted as ``stale`` (the
-caches are invalidated asynchronously, through change streams, so a read right
-after a write may still be served the previous version); any other mismatch
-fails the run. Per cell and path: read p50/p95/p99, write p50, hits and misses
-(from the managers' snapshots), stale reads, and the cached/direct ratio of
-read p50.
+path's last acknowledged write to the key (any mismatch fails the run). Then
+the oracle (``benchmarks._oracle``) judges every read of every path: right
+before a cached read the database's applied cluster time is taken, and the
+read must return at least the newest version whose write (its
+``operationTime``, from a command listener on the path's client) is at or
+before it (``stale_reads``); no read may return an older version than an
+earlier read of the same path (``monotonic_violations``) or than the path's
+own acknowledged write, made through the cached view's ``update_one``
+(``read_your_writes_violations``). All three must be 0, and each cached path
+must hit at least ``MIN_HIT_RATIO[mix]`` of its reads. Per cell and path:
+read p50/p95/p99, write p50, hits and misses (from the managers' snapshots),
+the three counts, and the cached/direct ratio of read p50.
 
 Part 2, invalidation latency. Several spawned worker processes (4 by default)
 read a small set of documents (4, about 2 KiB each) in a loop through a shared
@@ -52,8 +57,9 @@ write it lengthens a pause every worker sleeps after each read when more than
 them (``--free-running`` turns this off; the report gives the achieved reads
 per write either way). Every process timestamps with ``time.monotonic_ns``
 (CLOCK_MONOTONIC, one clock for the whole host); the parent takes a write's
-acknowledgement time right after ``update_one`` returned, each worker records
-every read (document, version, start, end). Per write:
+acknowledgement time right after ``update_one`` returned (and its
+``operationTime``), each worker records every read (document, version, the
+applied time right before it, start, end). Per write:
 
   upper bound  the latest, over the workers, end of a worker's first read
                that returned that version or a newer one, minus the
@@ -66,14 +72,14 @@ every read (document, version, start, end). Per write:
 both clamped at 0 (all workers switched before the writer saw its
 acknowledgement). Reported: p50/p95/p99/max of both, the number of writes,
 reads per write, stale observations after the bound (reads that returned an
-older version and started after the upper bound: there must be none) and
-backwards reads (a worker reading an older version of a document than it had
-already read: two reads under one generation that returned different bytes
-leave a never-served marker instead of an entry, so this stays 0 except in a
-window of about the owner's drain interval in the shared cache, where another
-worker's older admission can be applied before this worker's own), the
+older version and started after the upper bound: there must be none), the
+oracle's ``stale_reads`` and ``monotonic_violations`` (a worker reading an
+older version of a document than it had already read; DESIGN.md rule 7: there
+must be none; before the causal floor the shared cache had some, when another
+worker's older admission was applied before this worker's own), the
 interval between a worker's reads of one document (the upper bound's
-resolution) and the duration of the read that set the upper bound.
+resolution) and the duration of the read that set the upper bound. The
+workers must hit at least ``MIN_INV_HIT_RATIO`` of their reads.
 After the last write, workers keep reading until they have observed every
 document's final version, then 200 ms more.
 
@@ -92,6 +98,7 @@ import array
 import bisect
 import contextlib
 import dataclasses
+import functools
 import gc
 import hashlib
 import itertools
@@ -112,6 +119,7 @@ import pymongo
 from bson.raw_bson import RawBSONDocument
 from pymongo.read_concern import ReadConcern
 
+from . import _oracle
 from ._common import (
     bypass_split,
     exit_code,
@@ -122,8 +130,9 @@ from ._common import (
     summarize,
     write_json,
 )
+from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, initial_versions, judge
 
-SCHEMA = "cqc.workloads/1"
+SCHEMA = "cqc.workloads/2"
 
 #: Share of reads among the operations of each mix.
 MIXES: dict[str, float] = {"read_heavy": 0.95, "balanced": 0.50, "write_dominant": 0.10}
@@ -170,6 +179,16 @@ INSERT_BATCH = 500
 DIGEST_BYTES = 16
 #: Mismatch examples kept for the error message.
 MAX_EXAMPLES = 5
+
+#: The oracle's judgements (``benchmarks._oracle``): each must be 0 on
+#: every path of every cell and of the invalidation measurement.
+VIOLATIONS = ("stale_reads", "monotonic_violations", "read_your_writes_violations")
+#: The least share of a cached path's reads that must hit, per mix of the
+#: matrix and in the invalidation measurement: under it the judgement covers
+#: too few hits to mean anything (docs/benchmarks.md: the figures they were
+#: chosen from).
+MIN_HIT_RATIO = {"read_heavy": 0.5, "balanced": 0.25, "write_dominant": 0.15}
+MIN_INV_HIT_RATIO = 0.5
 
 FULL = {"keys": 1000, "ops": 2000, "writes": 500}
 QUICK = {"keys": 100, "ops": 200, "writes": 60}
@@ -338,9 +357,11 @@ class MatrixPaths:
         self.clients: dict[str, pymongo.MongoClient[Any]] = {}
         self.owner: Any = None
         self.managers: dict[str, Any] = {}
+        #: Each path's writes' operationTime, from its client's commands.
+        self.times = {p: WriteTimes() for p in PATHS}
         try:
             for p in PATHS:
-                self.clients[p] = pymongo.MongoClient(uri)
+                self.clients[p] = pymongo.MongoClient(uri, event_listeners=[self.times[p]])
             self.owner = _start_owner(_new_name("cqc-wl-matrix"), uri)
             self.managers["local"] = CacheManager(
                 self.clients["local"],
@@ -398,6 +419,87 @@ def run_cell(
                 paths.raw(p, coll_name).drop()
 
 
+def _warm_cell(paths: MatrixPaths, readers: dict[str, Any], keys: int, where: str) -> dict[str, int]:
+    """Ready the cached paths' streams and warm them until a pass hits."""
+    warm_passes: dict[str, int] = {}
+    for p in ("local", "shared"):
+        manager = paths.managers[p]
+        readers[p].find_one({"_id": 0})  # registers the namespace, starts its stream
+        if not manager.wait_ready(paths.timeout, database=paths.dbs[p]):
+            raise BenchmarkFailed(f"{where} {p}: the change stream did not become ready")
+        warm_passes[p] = _warm_until_hits(manager, readers[p], keys, paths.timeout, f"{where} {p}")
+    for k in range(min(keys, DIRECT_WARM_READS)):
+        readers["direct"].find_one({"_id": k})
+    return warm_passes
+
+
+class _CellRun:
+    """One cell's operations on the three paths and what they returned: per
+    path the timings, the rows the oracle judges (each read's document,
+    version, applied time, start and end) and the path's own writes (with
+    their operationTime)."""
+
+    def __init__(self, paths: MatrixPaths, coll_name: str, raws: list[bytes]) -> None:
+        self.paths = paths
+        self.readers = {p: paths.reader(p, coll_name) for p in PATHS}
+        # Writes go through the path's collection: for the cached paths the
+        # cached view's update_one (a read-your-writes floor must cover it).
+        self.writers = {p: (paths.raw(p, coll_name) if p == "direct" else self.readers[p]) for p in PATHS}
+        self.expected = Expected(raws, paths.raw("direct", coll_name).codec_options)
+        self.current = {p: [1] * len(raws) for p in PATHS}
+        self.read_ns: dict[str, list[int]] = {p: [] for p in PATHS}
+        self.write_ns: dict[str, list[int]] = {p: [] for p in PATHS}
+        self.rows = {p: Rows() for p in PATHS}
+        self.writes: dict[str, list[Write]] = {p: [] for p in PATHS}
+        self.wrong = 0
+        self.examples: list[str] = []
+
+    def _bad(self, text: str) -> None:
+        self.wrong += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(text)
+
+    def read(self, p: str, key: int, j: int) -> None:
+        clock = time.perf_counter_ns
+        manager = self.paths.managers.get(p)
+        applied = applied_time(manager, self.paths.dbs[p]) if manager is not None else 0
+        t0 = clock()
+        got = self.readers[p].find_one({"_id": key})
+        t1 = clock()
+        self.read_ns[p].append(t1 - t0)
+        version, wrong = self.expected.check(key, got)
+        if wrong is None and version is not None and version > self.current[p][key]:
+            wrong = f"version {version} is newer than the last write ({self.current[p][key]})"
+        if wrong is not None or version is None:
+            self._bad(f"{p} read of {key} at operation {j}: {wrong}")
+        else:
+            self.rows[p].add(key, version, applied, t0, t1, 0)
+
+    def write(self, p: str, key: int, version: int, j: int) -> None:
+        clock = time.perf_counter_ns
+        t0 = clock()
+        result = self.writers[p].update_one({"_id": key}, {"$set": {"version": version}})
+        t1 = clock()
+        self.write_ns[p].append(t1 - t0)
+        if result.matched_count != 1:
+            self._bad(f"{p} write of {key} at operation {j} matched {result.matched_count} documents")
+            return
+        self.current[p][key] = version
+        self.writes[p].append(Write(key, version, t0, t1, self.paths.times[p].take(key, version)))
+
+    def verdict(self, p: str) -> Verdict:
+        """The path's reads judged: stale (cached paths: the direct path has
+        no applied time), monotonic and read-your-writes."""
+        keys = len(self.current[p])
+        writes = [oracle_write(w) for w in self.writes[p]]
+        oracle = None if p == "direct" else Oracle([*initial_versions(keys), *writes])
+        return judge(self.rows[p], oracle=oracle, own_writes=writes, label=f"{p}: ")
+
+
+def oracle_write(w: Write) -> _oracle.Write:
+    return _oracle.Write(w.key, w.version, w.optime, w.sent_ns, w.ack_ns)
+
+
 def _run_cell_ops(
     paths: MatrixPaths,
     mix: str,
@@ -407,111 +509,31 @@ def _run_cell_ops(
     plan: list[tuple[bool, int]],
     status: Status,
 ) -> dict[str, Any]:
-    keys = len(raws)
-    readers = {p: paths.reader(p, coll_name) for p in PATHS}
-    # Writes go through the path's collection: for the cached paths the
-    # wrapped collection, whose update_one is PyMongo's.
-    writers = {p: (paths.raw(p, coll_name) if p == "direct" else paths.reader(p, coll_name)) for p in PATHS}
-    expected = Expected(raws, paths.raw("direct", coll_name).codec_options)
-
+    run = _CellRun(paths, coll_name, raws)
     status(f"{mix}/{size}: warming up")
-    warm_passes: dict[str, int] = {}
-    for p in ("local", "shared"):
-        manager = paths.managers[p]
-        readers[p].find_one({"_id": 0})  # registers the namespace, starts its stream
-        if not manager.wait_ready(paths.timeout, database=paths.dbs[p]):
-            raise BenchmarkFailed(f"{mix}/{size} {p}: the change stream did not become ready")
-        warm_passes[p] = _warm_until_hits(manager, readers[p], keys, paths.timeout, f"{mix}/{size} {p}")
-    for k in range(min(keys, DIRECT_WARM_READS)):
-        readers["direct"].find_one({"_id": k})
+    warm_passes = _warm_cell(paths, run.readers, len(raws), f"{mix}/{size}")
     for p in PATHS:  # opens the write path; matches nothing, so no change event
-        writers[p].update_one({"_id": -1}, {"$set": {"version": 0}})
-
-    current = {p: [1] * keys for p in PATHS}
-    read_ns: dict[str, list[int]] = {p: [] for p in PATHS}
-    write_ns: dict[str, list[int]] = {p: [] for p in PATHS}
-    stale = dict.fromkeys(PATHS, 0)
-    stale_behind: dict[str, list[int]] = {p: [] for p in PATHS}
-    wrong_results = 0
-    examples: list[str] = []
+        run.writers[p].update_one({"_id": -1}, {"$set": {"version": 0}})
     before = {p: paths.managers[p].snapshot() for p in ("local", "shared")}
     owner_before = paths.owner.snapshot()
     rotations = [PATHS[r:] + PATHS[:r] for r in range(len(PATHS))]
-    clock = time.perf_counter_ns
 
     status(f"{mix}/{size}: {len(plan)} operations x 3 paths")
     gc.collect()
     started = time.perf_counter()
     for j, (is_read, key) in enumerate(plan):
-        order = rotations[j % len(rotations)]
-        if is_read:
-            for p in order:
-                reader = readers[p]
-                filt = {"_id": key}
-                t0 = clock()
-                got = reader.find_one(filt)
-                t1 = clock()
-                read_ns[p].append(t1 - t0)
-                version, wrong = expected.check(key, got)
-                cur = current[p][key]
-                if wrong is None and version is not None and version > cur:
-                    wrong = f"version {version} is newer than the last write ({cur})"
-                if wrong is not None:
-                    wrong_results += 1
-                    if len(examples) < MAX_EXAMPLES:
-                        examples.append(f"{p} read of {key} at operation {j}: {wrong}")
-                elif version is not None and version < cur:
-                    stale[p] += 1
-                    stale_behind[p].append(cur - version)
-                del got
-        else:
-            version = j + 2
-            update = {"$set": {"version": version}}
-            for p in order:
-                writer = writers[p]
-                filt = {"_id": key}
-                t0 = clock()
-                result = writer.update_one(filt, update)
-                t1 = clock()
-                write_ns[p].append(t1 - t0)
-                if result.matched_count != 1:
-                    wrong_results += 1
-                    if len(examples) < MAX_EXAMPLES:
-                        examples.append(f"{p} write of {key} matched {result.matched_count} documents")
-                current[p][key] = version
+        for p in rotations[j % len(rotations)]:
+            if is_read:
+                run.read(p, key, j)
+            else:
+                run.write(p, key, j + 2, j)
     wall = time.perf_counter() - started
     after = {p: paths.managers[p].snapshot() for p in ("local", "shared")}
     owner_after = paths.owner.snapshot()
-    if wrong_results:
-        raise BenchmarkFailed(f"{mix}/{size}: {wrong_results} wrong results, e.g.:\n  " + "\n  ".join(examples))
-
-    out_paths: dict[str, Any] = {}
-    direct_p50 = summarize(read_ns["direct"])["p50_us"]
-    for p in PATHS:
-        reads = len(read_ns[p])
-        entry: dict[str, Any] = {
-            "reads": reads,
-            "writes": len(write_ns[p]),
-            "read": summarize(read_ns[p]),
-            "write": summarize(write_ns[p]),
-            "stale_reads": stale[p],
-            "stale_versions_behind_max": max(stale_behind[p], default=0),
-        }
-        if p in before:
-            b, a = before[p], after[p]
-            entry["hits"] = a.hits - b.hits
-            entry["misses"] = a.misses - b.misses
-            entry["bypasses"], entry["behind"] = bypass_split(b, a)
-            entry["hit_ratio"] = entry["hits"] / reads if reads else float("nan")
-            entry["warm_passes"] = warm_passes[p]
-            entry["read_p50_over_direct"] = entry["read"]["p50_us"] / direct_p50 if reads else float("nan")
-            if p == "local":
-                entry["invalidations"] = a.invalidations - b.invalidations
-                entry["evictions"] = a.evictions - b.evictions
-            else:
-                entry["invalidations"] = owner_after["invalidations"] - owner_before["invalidations"]
-                entry["evictions"] = owner_after["evictions"] - owner_before["evictions"]
-        out_paths[p] = entry
+    if run.wrong:
+        raise BenchmarkFailed(f"{mix}/{size}: {run.wrong} wrong results, e.g.:\n  " + "\n  ".join(run.examples))
+    owner_delta = {k: owner_after[k] - owner_before[k] for k in ("invalidations", "evictions")}
+    out_paths = {p: _cell_path(run, p, before, after, owner_delta, warm_passes) for p in PATHS}
     sizes = [len(r) for r in raws]
     return {
         "mix": mix,
@@ -520,12 +542,44 @@ def _run_cell_ops(
         "target_bytes": SIZES[size],
         "document_bytes_mean": sum(sizes) / len(sizes),
         "document_bytes_max": max(sizes),
-        "keys": keys,
+        "keys": len(raws),
         "distinct_keys_used": len({k for _, k in plan}),
         "ops": len(plan),
         "wall_s": wall,
         "paths": out_paths,
     }
+
+
+def _cell_path(
+    run: _CellRun, p: str, before: dict[str, Any], after: dict[str, Any], owner_delta: dict[str, int],
+    warm_passes: dict[str, int],
+) -> dict[str, Any]:
+    """One path's figures and judgement in a cell."""
+    reads = len(run.read_ns[p])
+    verdict = run.verdict(p)
+    entry: dict[str, Any] = {
+        "reads": reads,
+        "writes": len(run.write_ns[p]),
+        "read": summarize(run.read_ns[p]),
+        "write": summarize(run.write_ns[p]),
+        **verdict.counts(),
+        "examples": list(verdict.examples),
+    }
+    if p in before:
+        b, a = before[p], after[p]
+        direct_p50 = summarize(run.read_ns["direct"])["p50_us"]
+        entry["hits"] = a.hits - b.hits
+        entry["misses"] = a.misses - b.misses
+        entry["bypasses"], entry["behind"] = bypass_split(b, a)
+        entry["hit_ratio"] = entry["hits"] / reads if reads else float("nan")
+        entry["warm_passes"] = warm_passes[p]
+        entry["read_p50_over_direct"] = entry["read"]["p50_us"] / direct_p50 if reads else float("nan")
+        if p == "local":
+            entry["invalidations"] = a.invalidations - b.invalidations
+            entry["evictions"] = a.evictions - b.evictions
+        else:
+            entry.update(owner_delta)
+    return entry
 
 
 def run_matrix(
@@ -567,6 +621,12 @@ def run_matrix(
 # ============================================================================
 
 
+def _inv_manager(cls: Any, client: Any, spec: dict[str, Any]) -> Any:
+    if spec["path"] == "shared":
+        return cls(client, shared=spec["shared_name"])
+    return cls(client, budget_bytes=LOCAL_BUDGET_BYTES, slot_count=LOCAL_SLOTS, max_await_time_ms=MAX_AWAIT_TIME_MS)
+
+
 def _inv_worker(
     spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any
 ) -> dict[str, Any]:
@@ -576,15 +636,7 @@ def _inv_worker(
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
     manager: Any = None
     try:
-        if spec["path"] == "shared":
-            manager = CacheManager(client, shared=spec["shared_name"])
-        else:
-            manager = CacheManager(
-                client,
-                budget_bytes=LOCAL_BUDGET_BYTES,
-                slot_count=LOCAL_SLOTS,
-                max_await_time_ms=MAX_AWAIT_TIME_MS,
-            )
+        manager = _inv_manager(CacheManager, client, spec)
         reader = manager[spec["db"]][spec["coll"]]
         expected = Expected(spec["raws"], client[spec["db"]][spec["coll"]].codec_options)
         reader.find_one({"_id": 0})
@@ -593,9 +645,11 @@ def _inv_worker(
         warm_passes = _warm_until_hits(manager, reader, keys, timeout, f"worker {index}")
         filters = [{"_id": k} for k in range(keys)]
         max_version = [1] * keys
-        # Every measured read: key, version (-1: wrong document), start, end.
+        # Every measured read: key, version (-1: wrong document), the
+        # database's applied time right before it, start, end.
         read_keys, read_versions = array.array("i"), array.array("q")
-        read_starts, read_ends = array.array("q"), array.array("q")
+        read_applied, read_starts, read_ends = array.array("q"), array.array("q"), array.array("q")
+        applied = functools.partial(applied_time, manager, spec["db"])
         mismatches: list[str] = []
         reads = 0
         unobserved = False
@@ -610,6 +664,7 @@ def _inv_worker(
         while True:
             rng.shuffle(order)  # no worker follows a fixed phase of the writer
             for k in order:
+                a = applied()
                 t0 = clock()
                 got = reader.find_one(filters[k])
                 t1 = clock()
@@ -624,6 +679,7 @@ def _inv_worker(
                     max_version[k] = version
                 read_keys.append(k)
                 read_versions.append(version)
+                read_applied.append(a)
                 read_starts.append(t0)
                 read_ends.append(t1)
                 del got
@@ -649,6 +705,7 @@ def _inv_worker(
             "reads": reads,
             "keys": read_keys,
             "versions": read_versions,
+            "applied": read_applied,
             "starts": read_starts,
             "ends": read_ends,
             "mismatches": mismatches,
@@ -695,6 +752,8 @@ class Write:
     version: int
     sent_ns: int
     ack_ns: int
+    #: operationTime of the write, (seconds << 32) | increment (0: unknown).
+    optime: int = 0
 
 
 class _Workers:
@@ -812,6 +871,7 @@ def _write_loop(
     reads_per_write: int,
     seed: int,
     timeout: float,
+    times: WriteTimes,
     paced: bool = True,
 ) -> tuple[list[Write], int, list[float]]:
     """One write each time the workers completed ``reads_per_write`` reads
@@ -851,7 +911,7 @@ def _write_loop(
         ack = clock()
         if result.matched_count != 1:
             raise BenchmarkFailed(f"write {n} matched {result.matched_count} documents")
-        done.append(Write(key, version, sent, ack))
+        done.append(Write(key, version, sent, ack, times.take(key, version)))
         if paced and n:
             if between > reads_per_write * 1.1:
                 pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / reads_per_write))
@@ -967,31 +1027,11 @@ def invalidation_latencies(writes: Sequence[Write], results: Sequence[dict[str, 
                                 "read_start_after_bound_us": (kr.starts[m] - bound) // 1000,
                             }
                         )
-    # A worker reading an older version of a document than it read before
-    # (possible within the window: see the module docstring).
-    by_version = {w.version: w for w in writes}
-    backwards = 0
-    backwards_examples: list[dict[str, int]] = []
     gaps: list[int] = []
     window = (writes[0].sent_ns, writes[-1].ack_ns) if writes else (0, 0)
-    for index, per_key in enumerate(workers):
-        for key, kr in per_key.items():
+    for per_key in workers:
+        for kr in per_key.values():
             gaps.extend(b - a for a, b in zip(kr.starts, kr.starts[1:]) if window[0] <= a and b <= window[1])
-            for m in range(1, len(kr.versions)):
-                if kr.versions[m] >= kr.prefix_max[m - 1]:
-                    continue
-                backwards += 1
-                newer = by_version.get(kr.prefix_max[m - 1])
-                if len(backwards_examples) < MAX_EXAMPLES and newer is not None:
-                    backwards_examples.append(
-                        {
-                            "worker": index,
-                            "key": key,
-                            "read_version": kr.versions[m],
-                            "newest_read_before": kr.prefix_max[m - 1],
-                            "read_start_after_newest_ack_us": (kr.starts[m] - newer.ack_ns) // 1000,
-                        }
-                    )
     up_sorted, low_sorted = sorted(upper), sorted(lower)
     out: dict[str, Any] = {
         "writes": len(writes),
@@ -1000,8 +1040,6 @@ def invalidation_latencies(writes: Sequence[Write], results: Sequence[dict[str, 
         "observed_before_ack": before_ack,
         "stale_after_bound": stale_after,
         "stale_after_bound_examples": stale_examples,
-        "backwards_reads": backwards,
-        "backwards_examples": backwards_examples,
         # How often a worker read the same document while the writes ran:
         # the resolution of the upper bound, which also includes the read
         # that returned the new version (its duration: bound_read_us).
@@ -1013,6 +1051,18 @@ def invalidation_latencies(writes: Sequence[Write], results: Sequence[dict[str, 
             out[f"{name}p{p}_us"] = quantile(values, p) / 1000.0
         out[f"{name}max_us"] = values[-1] / 1000.0 if values else float("nan")
     return out
+
+
+def judge_invalidation(writes: Sequence[Write], results: Sequence[dict[str, Any]], keys: int) -> dict[str, Any]:
+    """Every worker's reads judged by the oracle: stale against the applied
+    time, monotonic within the worker (the workers do not write, so there is
+    no read-your-writes to judge)."""
+    oracle = Oracle([*initial_versions(keys), *(oracle_write(w) for w in writes)])
+    verdict = Verdict()
+    for r in results:
+        rows = {"docs": r["keys"], **{name: r[name] for name in ("versions", "applied", "starts", "ends")}}
+        verdict = verdict + judge(rows, oracle=oracle, label=f"worker {r['index']}: ")
+    return {**verdict.counts(), "examples": list(verdict.examples)}
 
 
 def run_invalidation(
@@ -1038,7 +1088,8 @@ def run_invalidation(
     status = status or Status(quiet=True)
     coll_name = f"invalidation_{path}"
     raws = _documents(keys, doc_bytes, f"{seed}/inv/{path}")
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    times = WriteTimes()
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
     owner: Any = None
     pool: _Workers | None = None
     try:
@@ -1081,6 +1132,7 @@ def run_invalidation(
             reads_per_write=reads_per_write,
             seed=seed,
             timeout=timeout,
+            times=times,
             paced=paced,
         )
         for k in range(keys):
@@ -1098,15 +1150,35 @@ def run_invalidation(
             client[db][coll_name].drop()
         client.close()
 
+    out = _invalidation_result(path, done, results, raws, reads_while_writing, pauses)
+    out.update({"workers": workers, "wall_s": wall, "paced": paced})
+    status(
+        f"invalidation/{path}: p50 {out['p50_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
+        f"max {out['max_us']:.0f} us over {out['observed_writes']} writes; "
+        f"{out['stale_after_bound']} stale after the bound"
+    )
+    return out
+
+
+def _invalidation_result(
+    path: str,
+    done: list[Write],
+    results: list[dict[str, Any]],
+    raws: list[bytes],
+    reads_while_writing: int,
+    pauses: list[float],
+) -> dict[str, Any]:
+    """Part 2's figures and judgement for one path from the writes and the
+    workers' records (wrong documents fail the run)."""
     mismatches = [m for r in results for m in r["mismatches"]]
     if mismatches:
         raise BenchmarkFailed(f"invalidation/{path}: wrong documents read, e.g.:\n  " + "\n  ".join(mismatches))
     out = invalidation_latencies(done, results)
+    out.update(judge_invalidation(done, results, len(raws)))
     reads = sum(r["reads"] for r in results)
     out.update(
         {
-            "workers": workers,
-            "keys": keys,
+            "keys": len(raws),
             "document_bytes_mean": sum(map(len, raws)) / len(raws),
             "reads": reads,
             "reads_while_writing": reads_while_writing,
@@ -1118,16 +1190,9 @@ def run_invalidation(
             "hit_ratio": sum(r["hits"] for r in results) / reads if reads else float("nan"),
             "workers_unobserved_at_exit": sum(bool(r["unobserved_at_exit"]) for r in results),
             "write_ack": summarize([w.ack_ns - w.sent_ns for w in done]),
-            "wall_s": wall,
-            "paced": paced,
             "pause_after_read_us": summarize([int(p * 1e9) for p in pauses]) if pauses else {},
             "write_phase_s": (done[-1].ack_ns - done[0].sent_ns) / 1e9 if done else 0.0,
         }
-    )
-    status(
-        f"invalidation/{path}: p50 {out['p50_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
-        f"max {out['max_us']:.0f} us over {out['observed_writes']} writes; "
-        f"{out['stale_after_bound']} stale after the bound"
     )
     return out
 
@@ -1148,8 +1213,11 @@ METHOD = {
     "CacheManager(client, shared=name)",
     "timer": "perf_counter_ns immediately around each find_one / update_one",
     "verification": "every read after its stop timestamp: BSON equal to the inserted document at the version it "
-    "carries (digest), version not newer than the path's last acknowledged write; an older version is "
-    "counted as a stale read, anything else fails the run",
+    "carries (digest), version not newer than the path's last acknowledged write (else the run fails); then "
+    "benchmarks._oracle judges every read: stale_reads (older than the newest write at or before the applied "
+    "time taken right before the read; cached paths), monotonic_violations (older than an earlier read of the "
+    "path), read_your_writes_violations (older than the path's own acknowledged write); all must be 0, and "
+    "each cached path must hit at least min_hit_ratio[mix] of its reads",
     "hits": "difference of the manager's snapshot across the timed operations",
     "invalidation": "spawned workers read a few documents in a loop (shuffled order each round), recording "
     "every read (key, version, start, end; time.monotonic_ns, one clock for the host); the parent writes one "
@@ -1159,8 +1227,8 @@ METHOD = {
     "first read returning that version or newer, minus the write's acknowledgement (update_one returned); "
     "lower bound = the latest start of any worker's read still returning an older version, minus the "
     "acknowledgement; both clamped at 0; stale_after_bound = reads returning an older version that started "
-    "after the upper bound (must be 0); backwards_reads = reads returning an older version of a document than "
-    "the same worker had already read (allowed inside the window)",
+    "after the upper bound; stale_reads and monotonic_violations as in the matrix, per worker; all must be "
+    "0, and the workers must hit at least min_invalidation_hit_ratio of their reads",
     "quantiles": "nearest rank: index ceil(p/100*n)-1 of the sorted samples",
 }
 
@@ -1186,6 +1254,8 @@ def build_report(
             "owner": {"arena_bytes": OWNER_ARENA_BYTES, "budget_bytes": OWNER_BUDGET_BYTES, "slots": OWNER_SLOTS},
             "local": {"budget_bytes": LOCAL_BUDGET_BYTES, "slot_count": LOCAL_SLOTS},
             "max_await_time_ms": MAX_AWAIT_TIME_MS,
+            "min_hit_ratio": MIN_HIT_RATIO,
+            "min_invalidation_hit_ratio": MIN_INV_HIT_RATIO,
             "read_concern_direct": "majority",
             "external_deployment": external_uri() is not None,
             "client_query_cache": cqc_version,
@@ -1196,24 +1266,33 @@ def build_report(
     }
 
 
+def _judged(where: str, entry: dict[str, Any], min_hit_ratio: float | None) -> list[str]:
+    """A path's judgement: every violation, and too few hits to mean anything."""
+    problems = [f"{where}: {entry[key]} {key.replace('_', ' ')}" for key in VIOLATIONS if entry[key]]
+    problems.extend(f"{where}: {e}" for e in entry["examples"] if problems)
+    if min_hit_ratio is not None and not entry["hit_ratio"] >= min_hit_ratio:
+        problems.append(
+            f"{where}: {entry['hit_ratio']:.0%} of the reads hit, under the {min_hit_ratio:.0%} "
+            "the judgement needs to mean anything"
+        )
+    if entry.get("bypasses"):
+        problems.append(f"{where}: {entry['bypasses']} bypasses")
+    return problems
+
+
 def checks(report: dict[str, Any]) -> list[str]:
     """What makes the figures meaningless or shows a coherence failure."""
     problems = []
     for cell in report["cells"]:
-        where = f"{cell['mix']}/{cell['size']}"
-        for p in ("local", "shared"):
-            entry = cell["paths"][p]
-            if entry["bypasses"]:
-                problems.append(f"{where} {p}: {entry['bypasses']} bypasses")
-        if cell["paths"]["direct"]["stale_reads"]:
-            problems.append(f"{where} direct: {cell['paths']['direct']['stale_reads']} stale reads")
+        for p in PATHS:
+            floor = MIN_HIT_RATIO[cell["mix"]] if p != "direct" else None
+            problems += _judged(f"{cell['mix']}/{cell['size']} {p}", cell["paths"][p], floor)
     for path, inv in report["invalidation"].items():
+        problems += _judged(f"invalidation/{path}", inv, MIN_INV_HIT_RATIO)
         if inv["stale_after_bound"]:
             problems.append(f"invalidation/{path}: {inv['stale_after_bound']} stale reads after the bound")
         if inv["unobserved_writes"]:
             problems.append(f"invalidation/{path}: {inv['unobserved_writes']} writes never observed by every worker")
-        if inv["bypasses"]:
-            problems.append(f"invalidation/{path}: {inv['bypasses']} bypasses")
     return problems
 
 
@@ -1233,7 +1312,7 @@ def _print_matrix(report: dict[str, Any], out: Any) -> None:
     )
     head = (
         f"{'mix':<15} {'size':<7} {'path':<7} {'reads':>6} {'writes':>6} {'rd p50':>8} {'rd p95':>8} "
-        f"{'rd p99':>8} {'wr p50':>8} {'hits':>6} {'stale':>6} {'p50/direct':>10}"
+        f"{'rd p99':>8} {'wr p50':>8} {'hits':>6} {'stale':>5} {'mono':>5} {'ryw':>5} {'p50/direct':>10}"
     )
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -1246,15 +1325,18 @@ def _print_matrix(report: dict[str, Any], out: Any) -> None:
             print(
                 f"{cell['mix']:<15} {size:<7} {p:<7} {e['reads']:>6} {e['writes']:>6} "
                 f"{e['read']['p50_us']:>8.1f} {e['read']['p95_us']:>8.1f} {e['read']['p99_us']:>8.1f} "
-                f"{e['write']['p50_us']:>8.1f} {hits:>6} {e['stale_reads']:>6} {ratio:>10}",
+                f"{e['write']['p50_us']:>8.1f} {hits:>6} {e['stale_reads']:>5} {e['monotonic_violations']:>5} "
+                f"{e['read_your_writes_violations']:>5} {ratio:>10}",
                 file=out,
             )
     sizes = ", ".join(
         f"{c['size']} ~{c['document_bytes_mean']:.0f} B" for c in report["cells"][: len(par["sizes"])]
     )
     print(
-        f"document sizes: {sizes}. hits: share of the path's reads that hit. stale: reads that returned an "
-        "older version than the path's own last acknowledged write (invalidation is asynchronous).",
+        f"document sizes: {sizes}. hits: share of the path's reads that hit (at least "
+        + ", ".join(f"{MIN_HIT_RATIO[m]:.0%} {m}" for m in par["mixes"])
+        + "). stale: older than a write the cache had applied before the read; mono: older than an earlier "
+        "read of the path; ryw: older than the path's own acknowledged write (all must be 0).",
         file=out,
     )
 
@@ -1276,7 +1358,7 @@ def _print_invalidation(report: dict[str, Any], out: Any) -> None:
     head = (
         f"{'path':<7} {'writes':>6} {'rd/wr':>6} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} "
         f"{'low p50':>8} {'low p99':>8} {'gap p50':>8} {'ack p50':>8} {'hits':>6} {'stale after':>11} "
-        f"{'backwards':>9} {'unobserved':>10}"
+        f"{'stale':>5} {'mono':>5} {'unobserved':>10}"
     )
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -1286,7 +1368,7 @@ def _print_invalidation(report: dict[str, Any], out: Any) -> None:
             f"{e['p95_us']:>8.0f} {e['p99_us']:>8.0f} {e['max_us']:>8.0f} {e['lower_p50_us']:>8.0f} "
             f"{e['lower_p99_us']:>8.0f} {e['same_document_read_interval_us']['p50_us']:>8.0f} "
             f"{e['write_ack']['p50_us']:>8.0f} {e['hit_ratio']:>6.0%} {e['stale_after_bound']:>11} "
-            f"{e['backwards_reads']:>9} {e['unobserved_writes']:>10}",
+            f"{e['stale_reads']:>5} {e['monotonic_violations']:>5} {e['unobserved_writes']:>10}",
             file=out,
         )
     print(
@@ -1294,8 +1376,9 @@ def _print_invalidation(report: dict[str, Any], out: Any) -> None:
         "low: lower bound (start of the last read, by any worker, that still returned an older version); "
         "gap: interval between a worker's reads of the same document (the upper bound's resolution); "
         "ack: update_one round trip; "
-        "stale after: older versions read after the upper bound (must be 0); backwards: reads of an older "
-        "version than the same worker had read before (inside the window).",
+        "stale after: older versions read after the upper bound; stale: older than a write the cache had "
+        f"applied before the read; mono: older than the same worker had read before (all must be 0; hits at "
+        f"least {MIN_INV_HIT_RATIO:.0%}).",
         file=out,
     )
 

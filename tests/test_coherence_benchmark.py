@@ -1,6 +1,8 @@
 """The coherence checker (``benchmarks.coherence``): a bounded run of every
-path (shared and process-local, sync and async) serves no stale read; and
-the oracle itself, on records whose answer is known."""
+path (shared and process-local, sync and async) serves no stale read, no
+read older than one its process had already been returned, and no read
+older than its process's own write; and the oracle itself, on records whose
+answer is known."""
 
 from __future__ import annotations
 
@@ -15,24 +17,51 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ro
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import coherence  # noqa: E402
+from benchmarks._oracle import AT_LEAST, AT_MOST, Rows, WriteTimes, judge  # noqa: E402
 from benchmarks.coherence import Oracle, Write, check_reads, staleness_windows  # noqa: E402
 
 
-def test_no_path_serves_a_read_older_than_an_applied_write(server_uri: str, runtime_dir: Path) -> None:
+def test_no_path_serves_a_stale_a_backwards_or_an_own_write_missing_read(server_uri: str, runtime_dir: Path) -> None:
     args = coherence._parse(["--quick"])
     report = coherence.run(args, server_uri, coherence.Status(quiet=True))
     problems = coherence.checks(report)
     assert problems == []
-    assert report["stale_reads"] == 0
+    assert report["schema"] == "cqc.coherence/2"
+    for key in coherence.VIOLATIONS:
+        assert report[key] == 0, key
     assert {(p["path"], p["api"]) for p in report["paths"]} == {
         (path, api) for path in coherence.PATHS for api in coherence.APIS
     }
     for p in report["paths"]:
-        # The check means something only if the cache served reads while the
-        # writes were applied, and every write was seen applied.
+        # The check means something only if the cache served enough reads
+        # while the writes were applied, every write was seen applied, and
+        # the workers wrote (and read back) documents of their own.
         assert p["writes"] == args.writes
-        assert p["hits"] > 0 and p["documents_checked"] >= p["reads"]
+        assert p["hit_fraction"] >= coherence.MIN_HIT_FRACTION and p["documents_checked"] >= p["reads"]
         assert p["window_ms"]["n"] == args.writes
+        assert p["worker_writes"] > 0
+
+
+def _path(**counts: int) -> dict[str, object]:
+    """A path entry that passes every check, with ``counts`` changed."""
+    entry: dict[str, object] = {
+        "path": "shared", "api": "sync", "reads": 100, "hits": 50, "hit_fraction": 0.5,
+        "stale_reads": 0, "monotonic_violations": 0, "read_your_writes_violations": 0,
+        "impossible_reads": 0, "wrong_results": 0, "workers_unfinished": 0, "window_ms": {"n": 1}, "examples": [],
+    }  # fmt: skip
+    entry.update(counts)
+    return entry
+
+
+def test_checks_fail_on_each_violation_and_on_too_few_hits() -> None:
+    assert coherence.checks(coherence.build_report({}, [_path()])) == []
+    for key in coherence.VIOLATIONS:
+        report = coherence.build_report({}, [_path(**{key: 2})])
+        assert report[key] == 2
+        assert coherence.checks(report) == [f"shared/sync: 2 {key.replace('_', ' ')}"]
+    low = coherence.MIN_HIT_FRACTION / 2
+    [problem] = coherence.checks(coherence.build_report({}, [_path(hits=int(100 * low), hit_fraction=low)]))
+    assert "reads hit" in problem
 
 
 # -- the oracle -----------------------------------------------------------------
@@ -89,6 +118,71 @@ def test_staleness_window_takes_the_earliest_shared_and_latest_local_observer() 
     assert out["window_ms"]["max"] == 0 and out["applied_before_ack"] == 1
     never = [{"seen_ts": array.array("q", [50]), "seen_at": array.array("q", [0]), "starts": [0]}]
     assert staleness_windows("local", writes, never)["window_ms"] is None
+
+
+def _judged(rows: list[tuple[int, int, int, int]], own: list[Write] = (), bounds: list[int] = ()) -> object:
+    """Rows (document, version, start, end) of one process, judged without
+    the applied-time oracle."""
+    out = Rows()
+    for n, (doc, version, start, end) in enumerate(rows):
+        out.add(doc, version, 0, start, end, 0, bounds[n] if bounds else 0)
+    return judge(out, own_writes=list(own))
+
+
+def test_a_read_older_than_an_earlier_completed_read_of_the_process_is_a_monotonic_violation() -> None:
+    # Version 5 was returned by a read that ended at 20: a read starting
+    # after it must not return 4; one that started before it ended may.
+    verdict = _judged([(1, 5, 10, 20), (1, 4, 15, 25), (1, 4, 21, 22), (2, 1, 30, 31), (1, 5, 40, 41)])
+    assert (verdict.monotonic, verdict.read_your_writes, verdict.stale) == (1, 0, 0)
+    assert "had already read version 5" in verdict.examples[0]
+    assert _judged([(1, 4, 10, 20), (1, 5, 21, 22), (1, 6, 23, 24)]).monotonic == 0
+
+
+def test_a_read_older_than_the_process_own_acknowledged_write_breaks_read_your_writes() -> None:
+    own = [Write(1, 3, 0, 5, 10)]  # acknowledged at 10
+    verdict = _judged([(1, 2, 9, 12), (1, 2, 11, 12), (1, 3, 13, 14), (2, 0, 15, 16)], own)
+    assert (verdict.read_your_writes, verdict.monotonic) == (1, 0)
+    assert "had written version 3" in verdict.examples[0]
+
+
+def test_count_rows_bound_the_version_from_one_side() -> None:
+    # A count of 1 on version >= 5 says "at least 5": later reads must not go
+    # below it; a count of 0 says "at most 4" and is judged like a read of 4.
+    verdict = _judged([(1, 5, 10, 20), (1, 3, 21, 22)], bounds=[AT_LEAST, 0])
+    assert verdict.monotonic == 1
+    verdict = _judged([(1, 5, 10, 20), (1, 4, 21, 22), (1, 4, 23, 24)], bounds=[0, AT_MOST, 0])
+    assert verdict.monotonic == 2
+    assert _judged([(1, 4, 10, 20), (1, 2, 21, 22)], bounds=[AT_MOST, 0]).monotonic == 0  # "at most" is not seen
+    oracle = Oracle([_write(1, 5, 100, sent=1)])
+    rows = Rows()
+    rows.add(1, 4, 100, 10, 20, 4, AT_MOST)  # count 0 after version 5 was applied: stale, not impossible
+    rows.add(1, 9, 100, 30, 40, 4, AT_LEAST)  # "at least 9": judges nothing
+    verdict = judge(rows, oracle=oracle)
+    assert (verdict.stale, verdict.impossible) == (1, 0)
+
+
+def test_write_times_gives_each_update_its_operation_time(server_uri: str, db_name: str) -> None:
+    import pymongo
+
+    times = WriteTimes()
+    with pymongo.MongoClient(server_uri, event_listeners=[times]) as c:
+        coll = c[db_name]["w"]
+        coll.insert_one({"_id": 1, "version": 0})
+        with c.start_session(causal_consistency=False) as session:
+            coll.update_one({"_id": 1}, {"$set": {"version": 1}}, session=session)
+            ot = session.operation_time
+        assert times.take(1, 1) == (ot.time << 32) | ot.inc
+        coll.update_one({"_id": 1}, {"$set": {"version": 2}})
+        coll.update_one({"_id": 2}, {"$set": {"version": 1}})  # matches nothing: no time
+        assert times.take(1, 2) > (ot.time << 32) | ot.inc
+        with pytest.raises(KeyError):
+            times.take(2, 1)
+        # Every command counts; the highest operationTime of any reply is
+        # what the process has observed (a read's too).
+        commands, observed = times.commands, times.observed
+        assert observed >= (ot.time << 32) | ot.inc
+        coll.find_one({"_id": 1})
+        assert times.commands == commands + 1 and times.observed >= observed
 
 
 # -- the applied cluster time it relies on ------------------------------------

@@ -1,7 +1,8 @@
 """``benchmarks.workloads`` at tiny sizes: one mix-matrix cell and two workers
-per invalidation path produce a complete ``cqc.workloads/1`` report with no
-stale read after the invalidation bound; and the latency computation itself,
-on records whose answer is known.
+per invalidation path produce a complete ``cqc.workloads/2`` report in which
+the oracle judged every read (no stale, backwards or own-write-missing read)
+with enough hits; and the latency computation, the judgement and the checks
+themselves, on records whose answer is known.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from benchmarks import workloads  # noqa: E402
 from benchmarks._common import write_json  # noqa: E402
 
 
-def test_tiny_run_writes_a_complete_report_without_stale_reads_after_the_bound(
+def test_tiny_run_writes_a_complete_report_that_judges_every_read(
     server_uri: str, runtime_dir: Path, tmp_path: Path
 ) -> None:
     prefix = f"cqc_test_{uuid.uuid4().hex[:12]}"
@@ -49,7 +50,7 @@ def test_tiny_run_writes_a_complete_report_without_stale_reads_after_the_bound(
     write_json(str(out), report)
     loaded = json.loads(out.read_text(encoding="utf-8"))
 
-    assert loaded["schema"] == "cqc.workloads/1"
+    assert loaded["schema"] == "cqc.workloads/2"
     assert {"python", "pymongo", "cpus"} <= set(loaded["machine"])
     assert loaded["parameters"]["mixes"] == {"balanced": 0.5}
     assert loaded["parameters"]["sizes"] == {"small": 200}
@@ -63,20 +64,24 @@ def test_tiny_run_writes_a_complete_report_without_stale_reads_after_the_bound(
     for path, entry in cell["paths"].items():
         assert entry["reads"] == reads, path  # the same operations on every path
         assert entry["read"]["n"] == reads and entry["read"]["p50_us"] > 0, path
+        for key in workloads.VIOLATIONS:
+            assert entry[key] == 0, (path, key, entry["examples"])
         if path != "direct":
             # A read the cache did not answer went to MongoDB only because
             # the stream had not applied a write the worker made (the causal
             # floor): counted apart, never as another bypass.
             assert entry["hits"] + entry["misses"] + entry["behind"] == reads, path
             assert entry["bypasses"] == 0, path
-            assert 0 <= entry["hit_ratio"] <= 1, path
-    assert cell["paths"]["direct"]["stale_reads"] == 0
+            assert workloads.MIN_HIT_RATIO["balanced"] <= entry["hit_ratio"] <= 1, path
 
     assert set(loaded["invalidation"]) == {"shared", "local"}
     for path, inv in loaded["invalidation"].items():
         assert inv["writes"] == writes and inv["observed_writes"] == writes, path
         assert inv["unobserved_writes"] == 0, path
         assert inv["stale_after_bound"] == 0, (path, inv["stale_after_bound_examples"])
+        for key in workloads.VIOLATIONS:
+            assert inv[key] == 0, (path, key, inv["examples"])
+        assert inv["hit_ratio"] >= workloads.MIN_INV_HIT_RATIO, path
         assert inv["workers"] == 2 and inv["reads"] >= writes * workloads.READS_PER_WRITE, path
         assert 0 <= inv["p50_us"] <= inv["p95_us"] <= inv["p99_us"] <= inv["max_us"], path
         assert inv["lower_max_us"] <= inv["max_us"], path
@@ -118,8 +123,48 @@ def test_latency_bounds_and_stale_reads_are_computed_across_workers() -> None:
     assert out["stale_after_bound_examples"] == [
         {"worker": 1, "key": 0, "write_version": 4, "read_version": 2, "read_start_after_bound_us": 10_000}
     ]
-    assert out["backwards_reads"] == 1
 
     never = workloads.Write(key=1, version=9, sent_ns=400 * ms, ack_ns=401 * ms)
     out = workloads.invalidation_latencies([*writes, never], results)
     assert out["unobserved_writes"] == 1 and out["observed_writes"] == 3
+
+
+def test_the_oracle_judges_invalidation_reads_stale_and_backwards() -> None:
+    ms = 1_000_000
+    writes = [
+        workloads.Write(key=0, version=2, sent_ns=90 * ms, ack_ns=100 * ms, optime=1000),
+        workloads.Write(key=0, version=3, sent_ns=190 * ms, ack_ns=200 * ms, optime=2000),
+    ]
+    fine = {**_worker([(0, 1, 10, 11), (0, 2, 101, 102), (0, 3, 201, 202)]), "applied": [0, 1000, 2000], "index": 0}
+    assert workloads.judge_invalidation(writes, [fine], keys=1)["stale_reads"] == 0
+    # Version 3 read, then version 2: backwards. Version 2 read although
+    # version 3's write (optime 2000) had been applied: stale.
+    bad = {**_worker([(0, 3, 201, 202), (0, 2, 203, 204)]), "applied": [1500, 1500], "index": 1}
+    stale = {**_worker([(0, 2, 205, 206)]), "applied": [2000], "index": 2}
+    out = workloads.judge_invalidation(writes, [bad, stale], keys=1)
+    assert (out["stale_reads"], out["monotonic_violations"], out["read_your_writes_violations"]) == (1, 1, 0)
+    assert any("already read version 3" in e for e in out["examples"])
+
+
+def _report(cell_entry: dict[str, object], inv_entry: dict[str, object], mix: str = "balanced") -> dict[str, object]:
+    paths = {p: dict(cell_entry) for p in workloads.PATHS}
+    return {"cells": [{"mix": mix, "size": "small", "paths": paths}], "invalidation": {"shared": inv_entry}}
+
+
+def test_checks_fail_on_every_violation_and_on_too_few_hits() -> None:
+    clean = {
+        "stale_reads": 0, "monotonic_violations": 0, "read_your_writes_violations": 0, "examples": [],
+        "hit_ratio": 0.9, "bypasses": 0,
+    }  # fmt: skip
+    inv = {**clean, "stale_after_bound": 0, "unobserved_writes": 0}
+    assert workloads.checks(_report(clean, inv)) == []
+    for key in workloads.VIOLATIONS:
+        problems = workloads.checks(_report({**clean, key: 1, "examples": ["e.g."]}, inv))
+        assert len([p for p in problems if key.replace("_", " ") in p]) == 3, (key, problems)  # every path
+        problems = workloads.checks(_report(clean, {**inv, key: 2}))
+        assert problems == [f"invalidation/shared: 2 {key.replace('_', ' ')}"], key
+    for mix, floor in workloads.MIN_HIT_RATIO.items():
+        problems = workloads.checks(_report({**clean, "hit_ratio": floor * 0.9}, inv, mix))
+        assert [p.split(":")[0] for p in problems] == [f"{mix}/small local", f"{mix}/small shared"], mix
+    problems = workloads.checks(_report(clean, {**inv, "hit_ratio": workloads.MIN_INV_HIT_RATIO * 0.9}))
+    assert len(problems) == 1 and "hit" in problems[0]
