@@ -71,6 +71,19 @@ enum {
 #define MEMO_BUCKETS 1024
 #define MEMO_WAYS 8
 
+/* Writes this process made to one document ({"_id": v}) through a view,
+ * not yet applied by the stream (see pending_blocks). */
+#define PENDING_MAX 64
+
+typedef struct {
+   uint64_t ts;      /* the write's cluster time (the client's, after it) */
+   uint64_t quiet;   /* CLOCK_MONOTONIC after it, one-member proof (0: none) */
+   uint32_t db_idx;
+   uint32_t ns_idx;
+   uint32_t cell;    /* the document's identity cell */
+   uint32_t used;
+} pending_t;
+
 typedef struct {
    uint64_t hash;
    uint64_t floor_ts;
@@ -122,6 +135,13 @@ typedef struct {
     * memo_floor). Process-local; matched by the key's 64-bit hash. */
    memo_t *memo; /* MEMO_BUCKETS * MEMO_WAYS */
    uint32_t memo_next; /* the way replaced when a bucket has none free */
+   /* A write through a view to one document tells the process nothing about
+    * other documents: instead of the database's floor it holds back only the
+    * entries that may depend on that document (its identity cell's, and
+    * every entry of its namespace that is not an identity entry) until the
+    * stream has applied it (observe_id()). */
+   pending_t pending[PENDING_MAX];
+   uint32_t pending_used;
 } CacheObject;
 
 typedef struct {
@@ -658,12 +678,55 @@ memo_allows (const CacheObject *self, uint32_t db_idx, uint64_t hash)
    return false;
 }
 
+/* Whether a pending write of this process (CacheObject.pending) may make
+ * the entry of this lookup (namespace, filter) older than what the process
+ * wrote. Frees the pending writes of the database the stream has applied. */
+static bool
+pending_blocks (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const uint8_t *filter,
+                uint32_t flen)
+{
+   uint64_t applied = 0, quiet = 0, id_hash;
+   bool loaded = false, classified = false, identity = false;
+   uint32_t cell = CQC_NO_CELL, i;
+
+   for (i = 0; i < PENDING_MAX && self->pending_used; i++) {
+      pending_t *p = &self->pending[i];
+      if (!p->used || p->db_idx != db_idx) {
+         continue;
+      }
+      if (!loaded) {
+         applied = cqc_arena_r_applied (&self->arena, db_idx);
+         quiet = cqc_arena_r_quiet (&self->arena, db_idx);
+         loaded = true;
+      }
+      if (applied >= p->ts || (p->quiet && quiet >= p->quiet)) {
+         p->used = 0; /* applied: the entries reflect it */
+         self->pending_used--;
+         continue;
+      }
+      if (p->ns_idx != ns_idx) {
+         continue;
+      }
+      if (!classified) {
+         identity = cqc_filter_identity (filter, flen, &id_hash);
+         if (identity) {
+            cell = cqc_id_cell (id_hash, ns_idx, self->arena.geo.idgen_count);
+         }
+         classified = true;
+      }
+      if (!identity || cell == p->cell) {
+         return true;
+      }
+   }
+   return false;
+}
+
 /* Look up a built key; returns a new reference (the entry decoded with
  * decode(bytes, codec_options), None, or a sentinel) or NULL with an
  * exception. */
 static PyObject *
 lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k,
-            PyObject *codec_options, PyObject *decode)
+            const uint8_t *filter, uint32_t flen, PyObject *codec_options, PyObject *decode)
 {
    alloc_ctx_t ctx = {NULL};
    bool stalled;
@@ -683,10 +746,11 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const key_t_ *k
     * the process has seen and is not served; a miss still is one (its read
     * goes to MongoDB and is admitted). */
    hash = cqc_hash_bytes (k->buf, k->len, 0);
-   behind = cqc_arena_r_applied (&self->arena, db_idx) < self->floor_ts[db_idx] &&
-            (!self->floor_ns[db_idx] ||
-             cqc_arena_r_quiet (&self->arena, db_idx) < self->floor_ns[db_idx]) &&
-            !memo_allows (self, db_idx, hash);
+   behind = (cqc_arena_r_applied (&self->arena, db_idx) < self->floor_ts[db_idx] &&
+             (!self->floor_ns[db_idx] ||
+              cqc_arena_r_quiet (&self->arena, db_idx) < self->floor_ns[db_idx]) &&
+             !memo_allows (self, db_idx, hash)) ||
+            (self->pending_used && pending_blocks (self, ns_idx, db_idx, filter, flen));
    r = cqc_arena_r_lookup (&self->arena, ns_idx, hash, k->buf, k->len, alloc_bytes, discard_bytes,
                            &ctx);
    if (r == CQC_LOOKUP_MISS) {
@@ -757,7 +821,7 @@ Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    if (!key_build (&k, 1, ns_idx, filter, (uint32_t) flen, NULL, 0)) {
       return NULL;
    }
-   res = lookup_key (self, ns_idx, db_idx, &k, args[3], self->decode);
+   res = lookup_key (self, ns_idx, db_idx, &k, filter, (uint32_t) flen, args[3], self->decode);
    key_free (&k);
    return res;
 }
@@ -811,7 +875,8 @@ Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                    (uint32_t) rb.len)) {
       goto cleanup;
    }
-   res = lookup_key (self, ns_idx, db_idx, &k, args[5], nargs == 7 ? args[6] : self->decode);
+   res = lookup_key (self, ns_idx, db_idx, &k, fb.buf, (uint32_t) fb.len, args[5],
+                     nargs == 7 ? args[6] : self->decode);
 cleanup:
    key_free (&k);
    if (fb.obj) {
@@ -1067,6 +1132,61 @@ Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       self->floor_ns[db_idx] = ns;
    }
    Py_RETURN_NONE;
+}
+
+/* observe_id(db_idx, ns_idx, filter_bson, cluster_time, monotonic_ns) ->
+ * bool: this process wrote the one document {"_id": v} of the namespace at
+ * that cluster time (observed at monotonic_ns on a one-member deployment, 0
+ * otherwise). False when the filter is not an identity filter or no slot is
+ * free: the caller then raises the database's floor instead. */
+static PyObject *
+Cache_observe_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t db_idx, ns_idx, i;
+   unsigned long long ts, ns;
+   Py_buffer fb = {0};
+   uint64_t id_hash;
+   bool identity;
+
+   if (nargs != 5) {
+      PyErr_SetString (PyExc_TypeError, "observe_id takes 5 arguments");
+      return NULL;
+   }
+   if (!check_usable (self) || !parse_idx (args[0], &db_idx, self->arena.geo.db_count, "db_idx") ||
+       !parse_idx (args[1], &ns_idx, self->arena.geo.ns_count, "ns_idx")) {
+      return NULL;
+   }
+   ts = PyLong_AsUnsignedLongLong (args[3]);
+   if (ts == (unsigned long long) -1 && PyErr_Occurred ()) {
+      return NULL;
+   }
+   ns = PyLong_AsUnsignedLongLong (args[4]);
+   if (ns == (unsigned long long) -1 && PyErr_Occurred ()) {
+      return NULL;
+   }
+   if (!get_buffer (args[2], &fb, "filter")) {
+      return NULL;
+   }
+   identity = cqc_filter_identity (fb.buf, (size_t) fb.len, &id_hash);
+   PyBuffer_Release (&fb);
+   if (!identity) {
+      Py_RETURN_FALSE;
+   }
+   for (i = 0; i < PENDING_MAX; i++) {
+      pending_t *p = &self->pending[i];
+      if (p->used && (cqc_arena_r_applied (&self->arena, p->db_idx) >= p->ts ||
+                      (p->quiet && cqc_arena_r_quiet (&self->arena, p->db_idx) >= p->quiet))) {
+         p->used = 0; /* applied */
+         self->pending_used--;
+      }
+      if (!p->used) {
+         *p = (pending_t){ts, ns, db_idx, ns_idx,
+                          cqc_id_cell (id_hash, ns_idx, self->arena.geo.idgen_count), 1};
+         self->pending_used++;
+         Py_RETURN_TRUE;
+      }
+   }
+   Py_RETURN_FALSE;
 }
 
 /* applied(db_idx) -> the database's applied time as readers see it. */
@@ -1371,6 +1491,8 @@ static PyMethodDef Cache_methods[] = {
    {"observe", (PyCFunction) (void (*) (void)) Cache_observe, METH_FASTCALL,
     "observe(db_idx, cluster_time, monotonic_ns): raise the database's causal floor."},
    {"applied", (PyCFunction) Cache_applied, METH_O, "applied(db_idx) -> applied cluster time."},
+   {"observe_id", (PyCFunction) (void (*) (void)) Cache_observe_id, METH_FASTCALL,
+    "observe_id(db_idx, ns_idx, filter, cluster_time, monotonic_ns) -> bool: a write to one document."},
    {"ns_epoch", (PyCFunction) Cache_ns_epoch, METH_O, "ns_epoch(ns_idx) -> (epoch, incarnation)."},
    {"stats", (PyCFunction) Cache_stats, METH_NOARGS, "Arena and lookup counters."},
    {"streams", (PyCFunction) Cache_streams, METH_NOARGS, "Change-stream followers."},

@@ -125,6 +125,13 @@ class Cache:
     def applied(self, db_idx: int, /) -> int:
         """The database's applied cluster time as readers see it."""
 
+    def observe_id(
+        self, db_idx: int, ns_idx: int, filter: Buffer, cluster_time: int, monotonic_ns: int, /
+    ) -> bool:
+        """A write to the one document ``filter`` (``{"_id": v}``): hold back
+        the entries that may depend on it until the stream has applied it.
+        False if the filter is no identity filter or no slot is free."""
+
     def register(self, db: str, coll: str, /) -> tuple[int, int]:
         """``(ns_idx, db_idx)``; starts the database's follower."""
 

@@ -147,6 +147,9 @@ class Engine:
         self._db_idx: dict[str, int] = {}
         #: Observations made per database (see memo_floor).
         self._observed: dict[str, int] = {}
+        #: The latest write to one document per database (observe_write_id),
+        #: carried to a new owner's arena as the database's floor.
+        self._targeted: dict[str, int] = {}
         self.link = link
         self.max_entry_bytes = config.max_entry_bytes
         #: Bumped when a worker re-attaches to a new owner; collections then
@@ -318,6 +321,7 @@ class Engine:
                     # The floor this process holds for the database, also
                     # in a new owner's arena.
                     floor = _higher(self._floors.get(db, (0, 0)), self._everywhere)
+                    floor = _higher(floor, (self._targeted.get(db, 0), 0))
                     self._floors[db] = floor
                     self._db_idx[db] = handle.db_idx
                     self.native.observe(handle.db_idx, *floor)
@@ -341,6 +345,23 @@ class Engine:
         with self._lock:
             self._observed[db] = self._observed.get(db, 0) + 1
         self.observe_time(db, self._clock())
+
+    def observe_write_id(self, ns: NamespaceHandle, native: Any, filter_bytes: bytes) -> bool:
+        """A write through a view to the one document ``filter_bytes``
+        (``{"_id": v}``) of ``ns`` went to MongoDB: hold back only the entries
+        that may depend on that document until the stream has applied it
+        (module.c, pending_blocks). False if that could not be recorded (the
+        caller then raises the database's floor)."""
+        value, now = self._clock(), self._now()
+        with self._lock:
+            self._observed[ns.db] = self._observed.get(ns.db, 0) + 1
+            self._targeted[ns.db] = max(self._targeted.get(ns.db, 0), value)
+        try:
+            recorded = bool(native.observe_id(ns.db_idx, ns.ns_idx, filter_bytes, value, now))
+        except (CacheClosedError, CacheForkedError):
+            return True  # nothing will be read from this cache again
+        # Recorded in an arena a new owner has replaced: the database's floor.
+        return recorded and native is self.native
 
     def observations(self, db: str) -> int:
         """How many observations of ``db`` this process has made (a miss
@@ -403,6 +424,7 @@ class Engine:
         or a floor raised by a listener."""
         with self._lock:
             highest = max(ts for ts, _ in (self._everywhere, *self._floors.values()))
+            highest = max(highest, *self._targeted.values(), 0)
         return max(highest, self._clock())
 
     # -- counters -----------------------------------------------------------

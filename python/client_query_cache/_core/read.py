@@ -58,6 +58,11 @@ __all__ = ["CollectionCore", "Step", "StepKind"]
 
 _ABSENT = object()  # not of a FAST_ID_TYPES type
 
+#: Write methods that change at most the one document their filter matches.
+_ONE_DOCUMENT_WRITES = frozenset(
+    {"update_one", "replace_one", "delete_one", "find_one_and_delete", "find_one_and_replace", "find_one_and_update"}
+)
+
 #: How distinct values are read on a miss: elements that are documents stay
 #: raw, and scalars decode to types that encode back to the same bytes (no
 #: UUID or type-registry conversion, any datetime).
@@ -356,6 +361,22 @@ class CollectionCore:
         """A read or write of this collection went to MongoDB: raise the
         database's causal floor (coherence rule 7)."""
         self.engine.observe(self._db_name)
+
+    def observe_write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A view's write ``method(*args, **kwargs)`` went to MongoDB. One
+        whose filter is exactly ``{"_id": v}`` wrote at most that document:
+        only the entries that may depend on it are held back; any other
+        raises the database's floor."""
+        if method in _ONE_DOCUMENT_WRITES and not self.ns.unavailable:
+            flt = args[0] if args else kwargs.get("filter")
+            if type(flt) is dict and len(flt) == 1 and "_id" in flt:
+                try:
+                    encoded = bson.encode(flt, codec_options=self.codec)
+                except (bson.errors.BSONError, TypeError, ValueError, OverflowError):
+                    encoded = None
+                if encoded is not None and self.engine.observe_write_id(self.ns, self.native, encoded):
+                    return
+        self.observe()
 
 
 def _hit_value(plan: ReadPlan, entry: Any) -> Any:

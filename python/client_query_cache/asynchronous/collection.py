@@ -99,7 +99,7 @@ def _observed_write(name: str) -> Callable[..., Awaitable[Any]]:
         try:
             return await getattr(self._raw, name)(*args, **kwargs)
         finally:
-            self._core.observe()
+            self._core.observe_write(name, args, kwargs)
 
     return write
 

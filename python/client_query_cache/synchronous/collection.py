@@ -100,7 +100,7 @@ def _observed_write(name: str) -> Callable[..., Any]:
         try:
             return getattr(self._raw, name)(*args, **kwargs)
         finally:
-            self._core.observe()
+            self._core.observe_write(name, args, kwargs)
 
     return write
 
