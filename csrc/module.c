@@ -218,6 +218,12 @@ attach_worker (CacheObject *self, const char *arena_path, const char *segment_pa
       PyErr_Format (PyExc_ValueError, "cannot attach to %s: %s", arena_path, err);
       goto fail;
    }
+   if (self->arena.hdr->heartbeat_timeout_ns == 0) {
+      /* Every owner sets one before publishing the arena (arena.h). */
+      PyErr_Format (PyExc_ValueError, "cannot attach to %s: it has no heartbeat timeout",
+                    arena_path);
+      goto fail;
+   }
    if (self->arena.hdr->owner_uid != (uint32_t) getuid ()) {
       PyErr_Format (PyExc_PermissionError, "the arena's owner runs as uid %u, not %u",
                     self->arena.hdr->owner_uid, (unsigned) getuid ());
@@ -280,6 +286,7 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
    long long await_ms;
    PyObject *decode, *oid, *closed_error, *forked_error;
    cqc_geometry_t geo = {0};
+   cqc_arena_owner_t who = {0};
    char err[256];
    uint64_t need;
    void *mem;
@@ -337,15 +344,15 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
          }
          return -1;
       }
-      if (!cqc_arena_format (&self->arena, mem, need, &geo, err, sizeof err)) {
+      /* Written by the format, before the magic: a worker attaching at once
+       * sees them (arena.h). */
+      who.uid = (uint32_t) getuid ();
+      who.pid = (uint32_t) getpid ();
+      who.heartbeat_timeout_ns = mode == MODE_OWNER ? beat_ms * 1000000ull : 0;
+      if (!cqc_arena_format (&self->arena, mem, need, &geo, &who, err, sizeof err)) {
          munmap (mem, need);
          PyErr_SetString (PyExc_ValueError, err);
          return -1;
-      }
-      self->arena.hdr->owner_uid = (uint32_t) getuid ();
-      self->arena.hdr->owner_pid = (uint32_t) getpid ();
-      if (mode == MODE_OWNER) {
-         self->arena.hdr->heartbeat_timeout_ns = beat_ms * 1000000ull;
       }
    }
    self->mode = mode;

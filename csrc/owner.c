@@ -110,8 +110,12 @@ sleep_ns (uint64_t ns)
 /* The owner was frozen (stopped, starved) past the heartbeat timeout:
  * workers stopped trusting it, and its streams' backlog may hold
  * invalidations of writes acknowledged meanwhile. Demote every healthy
- * database before the heartbeat is fresh again; each follower serves again
- * once it has caught up (stream.c). */
+ * database before the heartbeat is fresh again (readers load the heartbeat
+ * before the health, arena.c); each follower serves again once it has
+ * caught up (stream.c). The freeze count moves in the same hold of the
+ * writer lock: a follower that was catching up when the freeze began must
+ * not promote its database on what it read before it, and it checks the
+ * count in the hold of the lock that promotes. */
 static void
 demote_after_freeze (cqc_owner_t *o)
 {
@@ -119,6 +123,7 @@ demote_after_freeze (cqc_owner_t *o)
    uint32_t i;
 
    pthread_mutex_lock (o->w.lock);
+   __atomic_store_n (&a->hdr->freezes, a->hdr->freezes + 1u, __ATOMIC_RELAXED);
    for (i = 0; i < a->geo.db_count && a->dbs[i].used; i++) {
       if (a->dbs[i].health == CQC_STREAM_HEALTHY) {
          cqc_arena_w_set_health (a, i, CQC_STREAM_RECONNECTING);
