@@ -69,6 +69,7 @@ typedef struct {
    cqc_owner_t *owner; /* MODE_OWNER: the drain thread */
    void *seg;          /* MODE_WORKER: this worker's ring segment */
    size_t seg_len;
+   cqc_ring_producer_t ring; /* MODE_WORKER: the producer's private state of seg */
    cqc_arena_t arena;
    void *mem;
    size_t mem_len;
@@ -244,7 +245,7 @@ attach_worker (CacheObject *self, const char *arena_path, const char *segment_pa
       goto fail;
    }
    seg = mmap (NULL, ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-   if (seg == MAP_FAILED || !cqc_ring_format (seg, ring_bytes, (uint32_t) getpid ())) {
+   if (seg == MAP_FAILED || !cqc_ring_format (&self->ring, seg, ring_bytes, (uint32_t) getpid ())) {
       PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
       unlink (segment_path);
       goto fail;
@@ -837,11 +838,11 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       goto cleanup;
    }
    if (self->mode == MODE_WORKER) {
-      bool pushed = cqc_ring_push (self->seg, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0u)),
-                                   vb.obj == NULL, &tok, fb.buf,
-                                   (uint32_t) fb.len, rb.buf, (uint32_t) rb.len,
-                                   vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0);
-      res = PyLong_FromLong (pushed ? ADMIT_QUEUED : ADMIT_DROPPED);
+      cqc_ring_push_t pushed = cqc_ring_push (
+         &self->ring, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0u)), vb.obj == NULL, &tok,
+         fb.buf, (uint32_t) fb.len, rb.buf, (uint32_t) rb.len, vb.obj ? vb.buf : NULL,
+         vb.obj ? (uint32_t) vb.len : 0);
+      res = PyLong_FromLong (pushed == CQC_RING_PUSHED ? ADMIT_QUEUED : ADMIT_DROPPED);
       goto cleanup;
    }
    if (!key_build (&k, (uint8_t) kind, tok.ns_idx, fb.buf, (uint32_t) fb.len, rb.buf,
@@ -987,9 +988,10 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
       return NULL;
    }
    if (self->mode == MODE_WORKER) {
-      const cqc_ring_header_t *rh = self->seg;
-      SET_U64 (d, "ring_pushed", rh->pushed);
-      SET_U64 (d, "ring_dropped", rh->dropped);
+      /* The producer's own counts, not the segment's copy of them. */
+      SET_U64 (d, "ring_pushed", self->ring.pushed);
+      SET_U64 (d, "ring_dropped", self->ring.dropped);
+      SET_U64 (d, "ring_damaged", self->ring.damaged);
    }
    if (self->owner) {
       cqc_owner_stats_t os;
@@ -998,6 +1000,7 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
       SET_U64 (d, "ring_records", os.records);
       SET_U64 (d, "ring_dropped", os.dropped);
       SET_U64 (d, "ring_malformed", os.malformed);
+      SET_U64 (d, "ring_damaged", os.damaged);
    }
    SET_U64 (d, "owner_pid", h.owner_pid);
    SET_U64 (d, "created_ns", h.created_ns);
