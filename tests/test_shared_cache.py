@@ -922,6 +922,28 @@ def test_a_worker_whose_ring_another_process_overwrites_keeps_answering_and_so_d
 # =============================================================================
 
 
+def test_a_worker_refuses_an_arena_without_a_heartbeat_timeout(tmp_path):
+    # Every owner writes its timeout before it publishes the arena's magic;
+    # an arena that has none would be served from with no liveness check.
+    from bson.objectid import ObjectId
+
+    from client_query_cache import CacheClosedError
+    from client_query_cache import _native
+    from client_query_cache._core.engine import decode_bson
+
+    common = dict(budget_bytes=64 * 1024, slot_count=64, uri=None, max_await_time_ms=1000,
+                  decode=decode_bson, objectid_type=ObjectId, closed_error=CacheClosedError,
+                  forked_error=CacheForkedError)
+    arena = tmp_path / "t.arena"
+    owner = _native.Cache(mode=_native.MODE_OWNER, arena_path=str(arena), heartbeat_timeout_ms=0, **common)
+    try:
+        with pytest.raises(ValueError, match="no heartbeat timeout"):
+            _native.Cache(mode=_native.MODE_WORKER, arena_path=str(arena),
+                          segment_path=str(tmp_path / "w.ring"), ring_bytes=1 << 20, **common)
+    finally:
+        owner.close()
+
+
 @pytest.mark.parametrize(
     "name", ["", "a/b", "..", ".", "x" * 65, "sp ace", "é", "a\nb", 7, b"bytes"], ids=repr
 )
