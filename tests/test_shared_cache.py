@@ -295,7 +295,7 @@ class Worker:
         except queue.Empty:
             raise AssertionError(
                 f"worker {self.pid} did not answer {what} within {timeout:g} s "
-                f"(alive: {self.process.is_alive()})"
+                f"(alive: {self.process.is_alive()}, exit code: {self.process.exitcode})"
             ) from None
 
     def wait_attached(self, timeout: float = 60.0) -> None:
