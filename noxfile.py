@@ -71,8 +71,13 @@ def tests_sanitized(session: nox.Session) -> None:
     pip runs the build backend in a child process that inherits this
     environment, so CQC_SANITIZE reaches setup.py even with build isolation;
     setup.py always recompiles, so no object of a plain build is reused.
+    ``CQC_SANITIZE_OPT=0 nox -s tests_sanitized`` builds at -O0 (as CI's
+    second sanitizer run does) instead of -O1.
     """
-    session.install(".[test]", env={"CQC_SANITIZE": "1"})
+    session.install(
+        ".[test]",
+        env={"CQC_SANITIZE": "1", "CQC_SANITIZE_OPT": os.environ.get("CQC_SANITIZE_OPT", "1")},
+    )
     _require_asan_build(session)
     preload = " ".join(
         _gcc_runtime(session, lib) for lib in ("libasan.so", "libubsan.so")

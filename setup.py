@@ -3,7 +3,10 @@
 Project metadata lives in pyproject.toml; this file only describes the
 extension. Compiler and linker flags for libmongoc and libbson come from
 pkg-config. ``CQC_SANITIZE=1`` in the environment builds with AddressSanitizer
-and UndefinedBehaviorSanitizer (see .ci/sanitize for how to run it).
+and UndefinedBehaviorSanitizer (see .ci/sanitize for how to run it), at -O1,
+or at the level ``CQC_SANITIZE_OPT`` names (0, 1, 2 or g): CI runs the suite
+once more at -O0, where the compiler writes every byte a struct copy names
+and keeps every load the source makes.
 
 The extension is built against CPython's stable ABI (the limited API of 3.11),
 so one wheel, tagged cp311-abi3, serves 3.11 and every later CPython; the
@@ -36,18 +39,28 @@ LINK_ARGS = ["-pthread"]
 LIMITED_API_HEX = "0x030B0000"
 LIMITED_API_TAG = "cp311"
 
-# Later flags win, so -O1 here overrides the -O2 above.
+# Later flags win, so the -O level here overrides the -O2 above.
 SANITIZE_ARGS = [
     "-fsanitize=address,undefined",
     "-fno-omit-frame-pointer",
     "-fno-sanitize-recover=undefined",
-    "-O1",
     "-g",
 ]
+SANITIZE_OPT_LEVELS = ("0", "1", "2", "g")
 
 
 def sanitize_requested() -> bool:
     return os.environ.get("CQC_SANITIZE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def sanitize_args() -> list[str]:
+    """SANITIZE_ARGS and the optimization level of a sanitized build."""
+    level = os.environ.get("CQC_SANITIZE_OPT", "").strip() or "1"
+    if level not in SANITIZE_OPT_LEVELS:
+        raise SystemExit(
+            f"error: CQC_SANITIZE_OPT must be one of {', '.join(SANITIZE_OPT_LEVELS)}, not {level!r}"
+        )
+    return SANITIZE_ARGS + [f"-O{level}"]
 
 
 def pkg_config_flags() -> tuple[list[str], list[str]]:
@@ -81,10 +94,10 @@ class BuildExt(build_ext):
 
     def run(self) -> None:
         cflags, libs = pkg_config_flags()
-        sanitize = sanitize_requested()
+        extra = sanitize_args() if sanitize_requested() else []
         for ext in self.extensions:
-            ext.extra_compile_args = cflags + COMPILE_ARGS + (SANITIZE_ARGS if sanitize else [])
-            ext.extra_link_args = libs + LINK_ARGS + (SANITIZE_ARGS if sanitize else [])
+            ext.extra_compile_args = cflags + COMPILE_ARGS + extra
+            ext.extra_link_args = libs + LINK_ARGS + extra
         self.force = True
         super().run()
         if self.inplace:

@@ -11,6 +11,9 @@
 #define LOAD(p) __atomic_load_n ((p), __ATOMIC_ACQUIRE)
 #define LOAD_RELAXED(p) __atomic_load_n ((p), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n ((p), (v), __ATOMIC_RELEASE)
+/* For fields readers load atomically but whose order nothing depends on:
+ * a plain store of them would be a data race, and a compiler may tear it. */
+#define STORE_RELAXED(p, v) __atomic_store_n ((p), (v), __ATOMIC_RELAXED)
 #define FENCE_ACQ() __atomic_thread_fence (__ATOMIC_ACQUIRE)
 #define FENCE_REL() __atomic_thread_fence (__ATOMIC_RELEASE)
 
@@ -29,6 +32,10 @@ typedef struct {
 } block_hdr_t;
 
 _Static_assert (sizeof (block_hdr_t) == CQC_BLOCK_HEADER, "CQC_BLOCK_HEADER is the block header");
+_Static_assert (offsetof (block_hdr_t, magic) == 0 && offsetof (block_hdr_t, gen) == 4 &&
+                   offsetof (block_hdr_t, len) == 8 && offsetof (block_hdr_t, slot) == 12 &&
+                   offsetof (block_hdr_t, sum) == 16,
+                "block_hdr_t layout");
 
 /* Checksum of an entry as a reader returns it: its value bytes and length,
  * the key's length and the flags that change what a hit means ("not
@@ -127,7 +134,7 @@ bind_view (cqc_arena_t *a, void *mem, uint64_t size, const cqc_arena_header_t *h
 
 bool
 cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t *geo_in,
-                  char *err, size_t errlen)
+                  const cqc_arena_owner_t *owner, char *err, size_t errlen)
 {
    cqc_geometry_t geo = *geo_in;
    cqc_arena_header_t *h = mem;
@@ -162,8 +169,14 @@ cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t
    h->ring_off = off;
    h->ring_bytes = geo.budget_bytes;
    h->created_ns = cqc_now_ns ();
+   if (owner) {
+      h->owner_uid = owner->uid;
+      h->owner_pid = owner->pid;
+      h->heartbeat_timeout_ns = owner->heartbeat_timeout_ns;
+   }
    bind_view (a, mem, size, h);
-   /* The magic goes last: an attacher that sees it sees a formatted arena. */
+   /* The magic goes last: an attacher that sees it sees a formatted arena,
+    * its owner's uid, pid and heartbeat timeout included. */
    STORE (&h->magic, CQC_ARENA_MAGIC);
    return true;
 }
@@ -219,20 +232,28 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
 {
    const cqc_db_t *d;
    uint32_t st;
-   uint64_t progress, stall, now, beat_timeout;
+   uint64_t progress, stall, now, beat, beat_timeout;
 
    *stalled = false;
    if (db_idx >= a->geo.db_count) {
       return CQC_STREAM_FAILED;
    }
    d = &a->dbs[db_idx];
+   /* The heartbeat first (acquire), the health after it. An owner waking
+    * from a freeze demotes its databases and only then publishes a fresh
+    * heartbeat (owner.c, both under release order), so a reader that sees
+    * the fresh heartbeat sees the demotion too. Loaded the other way round,
+    * a HEALTHY from before the freeze could pair with a heartbeat from after
+    * it: a state that never existed, serving entries whose invalidations
+    * are still queued. */
+   beat_timeout = LOAD_RELAXED (&a->hdr->heartbeat_timeout_ns);
+   beat = LOAD (&a->hdr->heartbeat_ns);
    st = LOAD (&d->health);
    if (st != CQC_STREAM_HEALTHY) {
       return st > CQC_STREAM_CLOSED ? CQC_STREAM_FAILED : (cqc_stream_state_t) st;
    }
    now = cqc_now_ns ();
-   beat_timeout = LOAD_RELAXED (&a->hdr->heartbeat_timeout_ns);
-   if (beat_timeout && now > LOAD (&a->hdr->heartbeat_ns) + beat_timeout) {
+   if (beat_timeout && now > beat + beat_timeout) {
       /* The owner stopped publishing: nobody applies invalidations. */
       *stalled = true;
       return CQC_STREAM_RECONNECTING;
@@ -355,7 +376,7 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
          return CQC_LOOKUP_MISS;
       }
       bh = (const block_hdr_t *) (a->ring + c.block_off);
-      if (bh->gen != c.block_gen ||
+      if (LOAD_RELAXED (&bh->gen) != c.block_gen ||
           memcmp (a->ring + c.block_off + CQC_BLOCK_HEADER, key, key_len) != 0) {
          continue;
       }
@@ -372,8 +393,14 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
       }
       sum = bh->sum;
       FENCE_ACQ ();
-      /* The copy is private now: check it against the writer's sum. */
-      if (LOAD_RELAXED (&s->seq) != seq1 ||
+      /* The copy is private now. Both the slot and the block must be the
+       * ones it was taken from: the slot's seq has not moved (the writer
+       * removes a block's slot, moving its seq with release order, before it
+       * reuses the block's bytes; the fence above makes a copy that saw any
+       * reused byte see that seq), and the block header still carries the
+       * generation the slot names, a second witness that costs one load.
+       * Then the copy is checked against the writer's sum. */
+      if (LOAD_RELAXED (&s->seq) != seq1 || LOAD_RELAXED (&bh->gen) != c.block_gen ||
           entry_sum (c.flags, c.key_len, dst ? dst : "", dst ? c.val_len : 0) != sum) {
          if (dst) {
             discard (ctx);
@@ -458,7 +485,7 @@ cqc_arena_w_db_register (cqc_arena_t *a, const char *name, size_t len, uint32_t 
          memcpy (d->name, name, len);
          d->name[len] = '\0';
          d->name_len = (uint32_t) len;
-         d->stall_ns = 5000000000ull;
+         STORE_RELAXED (&d->stall_ns, 5000000000ull);
          STORE (&d->health, (uint32_t) CQC_STREAM_NOT_STARTED);
          STORE (&d->used, 1u);
          *idx = i;
@@ -553,6 +580,21 @@ block_at_w (cqc_arena_t *a, uint64_t off)
    return (block_hdr_t *) (a->ring + off);
 }
 
+/* Copy every field of src but seq into dst, between slot_begin_w and
+ * slot_end_w on dst: seq is written by those two only (see cqc_slot_t).
+ * memcpy never writes outside [dst, dst + n), so the first 4 bytes stay
+ * untouched whatever the compiler makes of it. */
+#define SLOT_BODY_OFF offsetof (cqc_slot_t, state)
+_Static_assert (offsetof (cqc_slot_t, seq) == 0 && SLOT_BODY_OFF == sizeof (uint32_t),
+                "seq is alone in the first word of a slot");
+
+static void
+slot_copy_body_w (cqc_slot_t *dst, const cqc_slot_t *src)
+{
+   memcpy ((uint8_t *) dst + SLOT_BODY_OFF, (const uint8_t *) src + SLOT_BODY_OFF,
+           sizeof *dst - SLOT_BODY_OFF);
+}
+
 /* Remove the entry in slot i, keeping the probe chains intact by shifting
  * later entries back (no tombstones). Concurrent readers may miss an entry
  * while it moves, which is safe. */
@@ -582,11 +624,7 @@ slot_remove_w (cqc_arena_t *a, uint32_t i)
       }
       hole = &a->slots[i];
       slot_begin_w (hole);
-      {
-         uint32_t seq = hole->seq;
-         memcpy (hole, sj, sizeof *hole);
-         hole->seq = seq;
-      }
+      slot_copy_body_w (hole, sj);
       slot_end_w (hole);
       block_at_w (a, hole->block_off)->slot = i;
       if (a->refbits) {
@@ -854,7 +892,7 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    }
    bh = block_at_w (a, off);
    bh->magic = BLOCK_MAGIC;
-   bh->gen = (uint32_t) ++h->block_gen;
+   STORE_RELAXED (&bh->gen, (uint32_t) ++h->block_gen);
    bh->len = (uint32_t) need;
    bh->slot = CQC_NO_CELL;
    memcpy (a->ring + off + CQC_BLOCK_HEADER, key, key_len);

@@ -118,6 +118,19 @@ typedef struct {
    char name[CQC_DB_NAME_MAX];
 } cqc_db_t;
 
+/* The shared layout is fixed: every field at the offset other processes of
+ * the same layout version expect, every 64-bit field (all of them read and
+ * written with __atomic builtins somewhere) 8-byte aligned. A change here
+ * changes CQC_LAYOUT_VERSION. */
+_Static_assert (offsetof (cqc_db_t, used) == 0 && offsetof (cqc_db_t, health) == 4 &&
+                   offsetof (cqc_db_t, incarnation) == 8 && offsetof (cqc_db_t, name_len) == 12 &&
+                   offsetof (cqc_db_t, progress_ns) == 16 && offsetof (cqc_db_t, stall_ns) == 24 &&
+                   offsetof (cqc_db_t, events) == 32 && offsetof (cqc_db_t, reconnects) == 40 &&
+                   offsetof (cqc_db_t, history_lost) == 48 &&
+                   offsetof (cqc_db_t, applied_ts) == 56 && offsetof (cqc_db_t, quiet_ns) == 64 &&
+                   offsetof (cqc_db_t, name) == 72 && sizeof (cqc_db_t) == 144,
+                "cqc_db_t layout");
+
 /* One namespace ("db.coll"). Entries are never removed: an index handed to
  * a reader stays valid for the arena's life. */
 typedef struct {
@@ -131,7 +144,18 @@ typedef struct {
    char name[CQC_NS_NAME_MAX];
 } cqc_ns_t;
 
-/* One entry of the open-addressed table: exactly one cache line. */
+_Static_assert (offsetof (cqc_ns_t, used) == 0 && offsetof (cqc_ns_t, db_idx) == 4 &&
+                   offsetof (cqc_ns_t, hash) == 8 && offsetof (cqc_ns_t, epoch) == 16 &&
+                   offsetof (cqc_ns_t, write_gen) == 24 && offsetof (cqc_ns_t, name_len) == 32 &&
+                   offsetof (cqc_ns_t, name) == 40 && sizeof (cqc_ns_t) == 296,
+                "cqc_ns_t layout");
+
+/* One entry of the open-addressed table: exactly one cache line. `seq` comes
+ * first and alone in its word, and only slot_begin_w/slot_end_w (arena.c)
+ * ever write it: a writer that copies a whole slot over another, even one
+ * that restores seq afterwards, shows readers the source's (even) seq on a
+ * slot that is half written, and a reader that loads it twice in that window
+ * validates a torn entry. */
 typedef struct {
    uint32_t seq;   /* seqlock: odd while the writer changes this slot */
    uint16_t state; /* 0 empty, 1 live */
@@ -149,7 +173,21 @@ typedef struct {
    uint32_t pad_;
 } cqc_slot_t;
 
-/* Header at offset 0. The first block is immutable after creation. */
+_Static_assert (sizeof (cqc_slot_t) == 64, "a slot is one cache line");
+_Static_assert (offsetof (cqc_slot_t, seq) == 0 && offsetof (cqc_slot_t, state) == 4 &&
+                   offsetof (cqc_slot_t, flags) == 6 && offsetof (cqc_slot_t, hash) == 8 &&
+                   offsetof (cqc_slot_t, block_off) == 16 &&
+                   offsetof (cqc_slot_t, block_gen) == 20 && offsetof (cqc_slot_t, key_len) == 24 &&
+                   offsetof (cqc_slot_t, val_len) == 28 && offsetof (cqc_slot_t, ns_idx) == 32 &&
+                   offsetof (cqc_slot_t, id_cell) == 36 && offsetof (cqc_slot_t, ns_epoch) == 40 &&
+                   offsetof (cqc_slot_t, gen) == 48 && offsetof (cqc_slot_t, db_inc) == 56,
+                "cqc_slot_t layout");
+
+/* Header at offset 0. The first block is immutable after creation: every
+ * field of it, the owner's identity and heartbeat timeout included, is
+ * written before the magic is published with release order
+ * (cqc_arena_format), so an attacher that loads the magic with acquire sees
+ * them all. */
 typedef struct {
    uint64_t magic;
    uint32_t layout_version;
@@ -171,6 +209,12 @@ typedef struct {
    uint64_t heartbeat_ns;         /* owner's CLOCK_MONOTONIC, every 100 ms */
    uint64_t heartbeat_timeout_ns; /* 0: no owner (process-local); else readers
                                      stop serving once the heartbeat is older */
+   /* Times the owner found itself frozen past its heartbeat timeout and
+    * demoted every database (owner.c). Bumped under the writer lock before
+    * the heartbeat that follows the freeze is published; a follower promotes
+    * its database to HEALTHY only if it has not moved since its catch-up
+    * began (stream.c), so a promotion cannot undo a demotion it raced. */
+   uint64_t freezes;
 
    /* Writer counters. */
    uint64_t admissions;
@@ -183,6 +227,40 @@ typedef struct {
    uint64_t invalidations;
 } cqc_arena_header_t;
 
+_Static_assert (offsetof (cqc_geometry_t, budget_bytes) == 0 &&
+                   offsetof (cqc_geometry_t, slot_count) == 8 &&
+                   offsetof (cqc_geometry_t, ns_count) == 12 &&
+                   offsetof (cqc_geometry_t, db_count) == 16 &&
+                   offsetof (cqc_geometry_t, idgen_count) == 20 && sizeof (cqc_geometry_t) == 24,
+                "cqc_geometry_t layout");
+_Static_assert (offsetof (cqc_arena_header_t, magic) == 0 &&
+                   offsetof (cqc_arena_header_t, layout_version) == 8 &&
+                   offsetof (cqc_arena_header_t, header_bytes) == 12 &&
+                   offsetof (cqc_arena_header_t, arena_bytes) == 16 &&
+                   offsetof (cqc_arena_header_t, geo) == 24 &&
+                   offsetof (cqc_arena_header_t, db_off) == 48 &&
+                   offsetof (cqc_arena_header_t, ns_off) == 56 &&
+                   offsetof (cqc_arena_header_t, idgen_off) == 64 &&
+                   offsetof (cqc_arena_header_t, slots_off) == 72 &&
+                   offsetof (cqc_arena_header_t, ring_off) == 80 &&
+                   offsetof (cqc_arena_header_t, ring_bytes) == 88 &&
+                   offsetof (cqc_arena_header_t, owner_uid) == 96 &&
+                   offsetof (cqc_arena_header_t, owner_pid) == 100 &&
+                   offsetof (cqc_arena_header_t, created_ns) == 104 &&
+                   offsetof (cqc_arena_header_t, ring_head) == 112 &&
+                   offsetof (cqc_arena_header_t, ring_tail) == 120 &&
+                   offsetof (cqc_arena_header_t, ring_span) == 128 &&
+                   offsetof (cqc_arena_header_t, used_bytes) == 136 &&
+                   offsetof (cqc_arena_header_t, entries) == 144 &&
+                   offsetof (cqc_arena_header_t, block_gen) == 152 &&
+                   offsetof (cqc_arena_header_t, heartbeat_ns) == 160 &&
+                   offsetof (cqc_arena_header_t, heartbeat_timeout_ns) == 168 &&
+                   offsetof (cqc_arena_header_t, freezes) == 176 &&
+                   offsetof (cqc_arena_header_t, admissions) == 184 &&
+                   offsetof (cqc_arena_header_t, invalidations) == 240 &&
+                   sizeof (cqc_arena_header_t) == 248,
+                "cqc_arena_header_t layout");
+
 /* Generations captured before a miss reads MongoDB (coherence rule 1). */
 typedef struct {
    uint32_t ns_idx;
@@ -194,6 +272,13 @@ typedef struct {
    uint32_t healthy; /* stream was healthy at capture */
    uint32_t pad_;
 } cqc_token_t;
+
+/* Tokens travel in workers' rings (ring.h) as these 40 bytes. */
+_Static_assert (offsetof (cqc_token_t, ns_idx) == 0 && offsetof (cqc_token_t, db_idx) == 4 &&
+                   offsetof (cqc_token_t, id_cell) == 8 && offsetof (cqc_token_t, db_inc) == 12 &&
+                   offsetof (cqc_token_t, ns_epoch) == 16 && offsetof (cqc_token_t, gen) == 24 &&
+                   offsetof (cqc_token_t, healthy) == 32 && sizeof (cqc_token_t) == 40,
+                "cqc_token_t layout");
 
 /* A view of an arena in memory; what a process holds, not what is shared. */
 typedef struct {
@@ -220,9 +305,19 @@ typedef struct {
 /* Bytes an arena of this geometry needs (geometry is normalized in place). */
 uint64_t cqc_arena_required_bytes (cqc_geometry_t *geo);
 
-/* Format `mem` (size bytes, zeroed) as a new arena. */
+/* Who writes a shared arena: recorded in its header by cqc_arena_format,
+ * before the magic, so that no attacher ever sees a formatted arena without
+ * them (a uid of 0 refused as the wrong owner, a timeout of 0 that checks no
+ * liveness). */
+typedef struct {
+   uint32_t uid;
+   uint32_t pid;
+   uint64_t heartbeat_timeout_ns; /* 0: process-local, nobody to watch */
+} cqc_arena_owner_t;
+
+/* Format `mem` (size bytes, zeroed) as a new arena written by `owner`. */
 bool cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t *geo,
-                       char *err, size_t errlen);
+                       const cqc_arena_owner_t *owner, char *err, size_t errlen);
 
 /* Validate an existing arena (shared memory read by an attacher): magic,
  * layout version, and that every offset fits in `size`. */

@@ -97,6 +97,7 @@ typedef struct {
    cqc_owner_t *owner; /* MODE_OWNER: the drain thread */
    void *seg;          /* MODE_WORKER: this worker's ring segment */
    size_t seg_len;
+   cqc_ring_producer_t ring; /* MODE_WORKER: the producer's private state of seg */
    cqc_arena_t arena;
    void *mem;
    size_t mem_len;
@@ -271,6 +272,12 @@ attach_worker (CacheObject *self, const char *arena_path, const char *segment_pa
       PyErr_Format (PyExc_ValueError, "cannot attach to %s: %s", arena_path, err);
       goto fail;
    }
+   if (self->arena.hdr->heartbeat_timeout_ns == 0) {
+      /* Every owner sets one before publishing the arena (arena.h). */
+      PyErr_Format (PyExc_ValueError, "cannot attach to %s: it has no heartbeat timeout",
+                    arena_path);
+      goto fail;
+   }
    if (self->arena.hdr->owner_uid != (uint32_t) getuid ()) {
       PyErr_Format (PyExc_PermissionError, "the arena's owner runs as uid %u, not %u",
                     self->arena.hdr->owner_uid, (unsigned) getuid ());
@@ -291,7 +298,7 @@ attach_worker (CacheObject *self, const char *arena_path, const char *segment_pa
       goto fail;
    }
    seg = mmap (NULL, ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-   if (seg == MAP_FAILED || !cqc_ring_format (seg, ring_bytes, (uint32_t) getpid ())) {
+   if (seg == MAP_FAILED || !cqc_ring_format (&self->ring, seg, ring_bytes, (uint32_t) getpid ())) {
       PyErr_SetFromErrnoWithFilename (PyExc_OSError, segment_path);
       unlink (segment_path);
       goto fail;
@@ -333,6 +340,7 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
    long long await_ms;
    PyObject *decode, *oid, *closed_error, *forked_error;
    cqc_geometry_t geo = {0};
+   cqc_arena_owner_t who = {0};
    char err[256];
    uint64_t need;
    void *mem;
@@ -390,15 +398,15 @@ Cache_init (CacheObject *self, PyObject *args, PyObject *kwds)
          }
          return -1;
       }
-      if (!cqc_arena_format (&self->arena, mem, need, &geo, err, sizeof err)) {
+      /* Written by the format, before the magic: a worker attaching at once
+       * sees them (arena.h). */
+      who.uid = (uint32_t) getuid ();
+      who.pid = (uint32_t) getpid ();
+      who.heartbeat_timeout_ns = mode == MODE_OWNER ? beat_ms * 1000000ull : 0;
+      if (!cqc_arena_format (&self->arena, mem, need, &geo, &who, err, sizeof err)) {
          munmap (mem, need);
          PyErr_SetString (PyExc_ValueError, err);
          return -1;
-      }
-      self->arena.hdr->owner_uid = (uint32_t) getuid ();
-      self->arena.hdr->owner_pid = (uint32_t) getpid ();
-      if (mode == MODE_OWNER) {
-         self->arena.hdr->heartbeat_timeout_ns = beat_ms * 1000000ull;
       }
    }
    self->mode = mode;
@@ -1014,14 +1022,14 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
       goto cleanup;
    }
    if (self->mode == MODE_WORKER) {
-      bool pushed = cqc_ring_push (self->seg, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0u)),
-                                   vb.obj == NULL, &tok, fb.buf,
-                                   (uint32_t) fb.len, rb.buf, (uint32_t) rb.len,
-                                   vb.obj ? vb.buf : NULL, vb.obj ? (uint32_t) vb.len : 0);
-      if (pushed) {
+      cqc_ring_push_t pushed = cqc_ring_push (
+         &self->ring, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0u)), vb.obj == NULL, &tok,
+         fb.buf, (uint32_t) fb.len, rb.buf, (uint32_t) rb.len, vb.obj ? vb.buf : NULL,
+         vb.obj ? (uint32_t) vb.len : 0);
+      if (pushed == CQC_RING_PUSHED) {
          memo_record (self, &tok, &k, memo_floor);
       }
-      res = PyLong_FromLong (pushed ? ADMIT_QUEUED : ADMIT_DROPPED);
+      res = PyLong_FromLong (pushed == CQC_RING_PUSHED ? ADMIT_QUEUED : ADMIT_DROPPED);
       goto cleanup;
    }
    pthread_mutex_lock (&self->lock);
@@ -1266,9 +1274,10 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
       return NULL;
    }
    if (self->mode == MODE_WORKER) {
-      const cqc_ring_header_t *rh = self->seg;
-      SET_U64 (d, "ring_pushed", rh->pushed);
-      SET_U64 (d, "ring_dropped", rh->dropped);
+      /* The producer's own counts, not the segment's copy of them. */
+      SET_U64 (d, "ring_pushed", self->ring.pushed);
+      SET_U64 (d, "ring_dropped", self->ring.dropped);
+      SET_U64 (d, "ring_damaged", self->ring.damaged);
    }
    if (self->owner) {
       cqc_owner_stats_t os;
@@ -1277,6 +1286,7 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
       SET_U64 (d, "ring_records", os.records);
       SET_U64 (d, "ring_dropped", os.dropped);
       SET_U64 (d, "ring_malformed", os.malformed);
+      SET_U64 (d, "ring_damaged", os.damaged);
    }
    SET_U64 (d, "owner_pid", h.owner_pid);
    SET_U64 (d, "created_ns", h.created_ns);

@@ -42,6 +42,9 @@ struct cqc_owner {
 /* Admission of one record                                                  */
 /* ======================================================================== */
 
+/* `rec` is the drain's private copy of a record whose lengths and sum it
+ * checked (ring.c): nothing here reads the worker's segment, so nothing
+ * checked can change under the parse of the filter or the value. */
 static void
 admit_record (void *ctx, const cqc_ring_record_t *rec)
 {
@@ -110,8 +113,12 @@ sleep_ns (uint64_t ns)
 /* The owner was frozen (stopped, starved) past the heartbeat timeout:
  * workers stopped trusting it, and its streams' backlog may hold
  * invalidations of writes acknowledged meanwhile. Demote every healthy
- * database before the heartbeat is fresh again; each follower serves again
- * once it has caught up (stream.c). */
+ * database before the heartbeat is fresh again (readers load the heartbeat
+ * before the health, arena.c); each follower serves again once it has
+ * caught up (stream.c). The freeze count moves in the same hold of the
+ * writer lock: a follower that was catching up when the freeze began must
+ * not promote its database on what it read before it, and it checks the
+ * count in the hold of the lock that promotes. */
 static void
 demote_after_freeze (cqc_owner_t *o)
 {
@@ -119,6 +126,7 @@ demote_after_freeze (cqc_owner_t *o)
    uint32_t i;
 
    pthread_mutex_lock (o->w.lock);
+   __atomic_store_n (&a->hdr->freezes, a->hdr->freezes + 1u, __ATOMIC_RELAXED);
    for (i = 0; i < a->geo.db_count && a->dbs[i].used; i++) {
       if (a->dbs[i].health == CQC_STREAM_HEALTHY) {
          cqc_arena_w_set_health (a, i, CQC_STREAM_RECONNECTING);
@@ -260,8 +268,9 @@ release_ring_locked (cqc_owner_t *o, ring_slot_t *r)
 {
    const cqc_ring_header_t *h = r->mem;
    cqc_ring_drain (r->mem, r->size, admit_record, o);
-   o->stats.dropped += __atomic_load_n (&h->dropped, __ATOMIC_ACQUIRE);
-   o->stats.malformed += h->malformed;
+   o->stats.dropped += __atomic_load_n (&h->dropped, __ATOMIC_RELAXED);
+   o->stats.damaged += __atomic_load_n (&h->damaged, __ATOMIC_RELAXED);
+   o->stats.malformed += __atomic_load_n (&h->malformed, __ATOMIC_RELAXED);
    munmap (r->mem, (size_t) r->size);
    unlink (r->path);
    free (r->path);
@@ -292,8 +301,9 @@ cqc_owner_get_stats (cqc_owner_t *o, cqc_owner_stats_t *out)
    for (i = 0; i < MAX_RINGS; i++) {
       if (o->rings[i].id) {
          const cqc_ring_header_t *h = o->rings[i].mem;
-         out->dropped += __atomic_load_n (&h->dropped, __ATOMIC_ACQUIRE);
-         out->malformed += h->malformed;
+         out->dropped += __atomic_load_n (&h->dropped, __ATOMIC_RELAXED);
+         out->damaged += __atomic_load_n (&h->damaged, __ATOMIC_RELAXED);
+         out->malformed += __atomic_load_n (&h->malformed, __ATOMIC_RELAXED);
       }
    }
    pthread_mutex_unlock (&o->mu);

@@ -12,7 +12,11 @@
  *
  * Rings are worker-created segments; the owner maps them read-write only
  * after checking that the file belongs to its own uid and is not accessible
- * to others, and unlinks them when the worker detaches or dies.
+ * to others, and unlinks them when the worker detaches or dies. Any process
+ * of that uid can still write them: the drain hands admit_record a private
+ * copy of each record, checked (ring.h), and admit_record checks the token
+ * against the arena as for any admission. The counters read from a ring's
+ * header are the worker's word, used for statistics only.
  */
 #ifndef CQC_OWNER_H
 #define CQC_OWNER_H
@@ -31,6 +35,8 @@ typedef struct {
    uint32_t rings;
    uint64_t records;   /* admission records drained */
    uint64_t dropped;   /* records workers dropped because their ring was full */
+   uint64_t damaged;   /* records workers dropped because another process had
+                        * changed their ring's header (as the workers report) */
    uint64_t malformed; /* rings reset because they held malformed records */
 } cqc_owner_stats_t;
 

@@ -2,14 +2,22 @@
  * ring.c - see ring.h.
  */
 #include "ring.h"
+#include "keys.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define LOAD(p) __atomic_load_n ((p), __ATOMIC_ACQUIRE)
+#define LOAD_RELAXED(p) __atomic_load_n ((p), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n ((p), (v), __ATOMIC_RELEASE)
+#define STORE_RELAXED(p, v) __atomic_store_n ((p), (v), __ATOMIC_RELAXED)
 
-/* Fixed part of a record: len, kind_flags, token, flen, rlen, vlen. */
-#define REC_FIXED (8u + (uint32_t) sizeof (cqc_token_t) + 12u)
+/* Fixed part of a record: len, kind_flags, sum, then (from TOKEN_OFF) the
+ * token and flen, rlen, vlen. */
+#define SUM_OFF 8u
+#define TOKEN_OFF 16u
+#define LENS_BYTES ((uint32_t) sizeof (cqc_token_t) + 12u)
+#define REC_FIXED (TOKEN_OFF + LENS_BYTES)
 #define FLAG_NOT_FOUND 0x100u
 
 static uint64_t
@@ -18,18 +26,60 @@ align8 (uint64_t v)
    return (v + 7u) & ~(uint64_t) 7u;
 }
 
-bool
-cqc_ring_format (void *mem, uint64_t size, uint32_t pid)
+/* The record's sum: a chain of hashes over its length and kind, the token
+ * and lengths (`lens`, LENS_BYTES), then filter, rest and value. Computed by
+ * the producer from its own arguments (never from the bytes it wrote into
+ * the segment) and by the consumer from its private copy. */
+static uint64_t
+record_sum (uint32_t len, uint32_t kf, const uint8_t *lens, const uint8_t *filter, uint32_t flen,
+            const uint8_t *rest, uint32_t rlen, const uint8_t *value, uint32_t vlen)
 {
-   cqc_ring_header_t *h = mem;
+   uint64_t h = cqc_hash_bytes (lens, LENS_BYTES, ((uint64_t) len << 32 | kf) ^ 0x72696e67ull);
+   /* An empty part is skipped (the producer may pass NULL for it); the
+    * lengths are in `lens`, so both sides skip the same parts. */
+   h = flen ? cqc_hash_bytes (filter, flen, h) : h;
+   h = rlen ? cqc_hash_bytes (rest, rlen, h) : h;
+   return vlen ? cqc_hash_bytes (value, vlen, h) : h;
+}
+
+/* ======================================================================== */
+/* Producer                                                                 */
+/* ======================================================================== */
+
+/* Write the producer's line of the header from its private state. */
+static void
+publish_header (cqc_ring_producer_t *p)
+{
+   cqc_ring_header_t *h = (cqc_ring_header_t *) p->mem;
+   STORE_RELAXED (&h->version, CQC_RING_VERSION);
+   STORE_RELAXED (&h->pid, p->pid);
+   STORE_RELAXED (&h->capacity, p->capacity);
+   STORE (&h->head, p->head);
+   STORE (&h->magic, CQC_RING_MAGIC);
+}
+
+static void
+publish_counters (cqc_ring_producer_t *p)
+{
+   cqc_ring_header_t *h = (cqc_ring_header_t *) p->mem;
+   STORE_RELAXED (&h->pushed, p->pushed);
+   STORE_RELAXED (&h->dropped, p->dropped);
+   STORE_RELAXED (&h->damaged, p->damaged);
+}
+
+bool
+cqc_ring_format (cqc_ring_producer_t *p, void *mem, uint64_t size, uint32_t pid)
+{
+   memset (p, 0, sizeof *p);
    if (size < CQC_RING_DATA_OFF + 4096u) {
       return false;
    }
-   memset (h, 0, sizeof *h);
-   h->version = CQC_RING_VERSION;
-   h->pid = pid;
-   h->capacity = (size - CQC_RING_DATA_OFF) & ~(uint64_t) 7u;
-   STORE (&h->magic, CQC_RING_MAGIC);
+   memset (mem, 0, sizeof (cqc_ring_header_t));
+   p->mem = mem;
+   p->size = size;
+   p->capacity = (size - CQC_RING_DATA_OFF) & ~(uint64_t) 7u;
+   p->pid = pid;
+   publish_header (p); /* the magic last */
    return true;
 }
 
@@ -37,34 +87,58 @@ bool
 cqc_ring_check (const void *mem, uint64_t size)
 {
    const cqc_ring_header_t *h = mem;
-   return size >= CQC_RING_DATA_OFF + 4096u && LOAD (&h->magic) == CQC_RING_MAGIC &&
-          h->version == CQC_RING_VERSION && h->capacity % 8u == 0 &&
-          h->capacity <= size - CQC_RING_DATA_OFF;
+   uint64_t cap;
+   if (size < CQC_RING_DATA_OFF + 4096u || LOAD (&h->magic) != CQC_RING_MAGIC ||
+       LOAD_RELAXED (&h->version) != CQC_RING_VERSION) {
+      return false;
+   }
+   cap = LOAD_RELAXED (&h->capacity);
+   return cap >= 4096u && cap % 8u == 0 && cap <= size - CQC_RING_DATA_OFF;
 }
 
-/* ======================================================================== */
-/* Producer                                                                 */
-/* ======================================================================== */
+/* Whether the producer's line still holds what the producer wrote. */
+static bool
+header_is_mine (const cqc_ring_producer_t *p)
+{
+   const cqc_ring_header_t *h = (const cqc_ring_header_t *) p->mem;
+   return LOAD_RELAXED (&h->magic) == CQC_RING_MAGIC &&
+          LOAD_RELAXED (&h->version) == CQC_RING_VERSION &&
+          LOAD_RELAXED (&h->pid) == p->pid && LOAD_RELAXED (&h->capacity) == p->capacity &&
+          LOAD_RELAXED (&h->head) == p->head;
+}
 
-bool
-cqc_ring_push (void *mem, uint8_t kind, bool not_found, const cqc_token_t *tok,
+cqc_ring_push_t
+cqc_ring_push (cqc_ring_producer_t *p, uint8_t kind, bool not_found, const cqc_token_t *tok,
                const uint8_t *filter, uint32_t flen, const uint8_t *rest, uint32_t rlen,
                const uint8_t *value, uint32_t vlen)
 {
-   cqc_ring_header_t *h = mem;
-   uint8_t *data = (uint8_t *) mem + CQC_RING_DATA_OFF;
-   uint64_t cap = h->capacity;
+   cqc_ring_header_t *h = (cqc_ring_header_t *) p->mem;
+   uint8_t *data = p->mem + CQC_RING_DATA_OFF;
+   uint64_t cap = p->capacity; /* private: a changed header cannot move a bound */
    uint64_t need = align8 ((uint64_t) REC_FIXED + flen + rlen + vlen);
-   uint64_t head = h->head; /* only this producer writes it */
-   uint64_t tail = LOAD (&h->tail);
+   uint64_t head = p->head;
    uint64_t pos = head % cap;
-   uint64_t pad = 0;
+   uint64_t tail, pad = 0, sum;
+   uint8_t lens[LENS_BYTES];
    uint32_t len32, kf;
-   uint8_t *p;
+   uint8_t *rec;
+   cqc_ring_push_t res = CQC_RING_FULL;
 
    if (need > 0x7fffffffu || need > cap / 2) {
-      h->dropped++;
-      return false;
+      goto cleanup;
+   }
+   /* The one shared value the producer uses is the consumer's tail. The
+    * consumer only ever stores a head it read, so a tail more than `cap`
+    * behind head, or ahead of it (the subtraction wraps), was written by
+    * someone else; so was any header field that is not the producer's. */
+   tail = LOAD (&h->tail);
+   if (!header_is_mine (p) || head - tail > cap) {
+      /* Drop the record and write the header again: the consumer resets a
+       * ring whose tail or records make no sense to the head it reads (the
+       * producer's again from now on), and the ring works again. */
+      publish_header (p);
+      res = CQC_RING_DAMAGED;
+      goto cleanup;
    }
    if (cap - pos < need) {
       pad = cap - pos; /* the record goes to the start of the data area */
@@ -76,8 +150,7 @@ cqc_ring_push (void *mem, uint8_t kind, bool not_found, const cqc_token_t *tok,
       pad = cap - pos;
    }
    if (head + pad + need - tail > cap) {
-      h->dropped++;
-      return false;
+      goto cleanup;
    }
    if (pad) {
       uint32_t padlen = (uint32_t) pad | CQC_RING_PAD;
@@ -85,103 +158,157 @@ cqc_ring_push (void *mem, uint8_t kind, bool not_found, const cqc_token_t *tok,
       head += pad;
       pos = 0;
    }
-   p = data + pos;
+   /* pos + need <= cap: the record lies in the producer's own mapping,
+    * whatever the header says. */
+   rec = data + pos;
    len32 = (uint32_t) need;
    kf = (uint32_t) kind | (not_found ? FLAG_NOT_FOUND : 0u);
-   memcpy (p, &len32, 4);
-   memcpy (p + 4, &kf, 4);
-   memcpy (p + 8, tok, sizeof *tok);
-   p += 8 + sizeof *tok;
-   memcpy (p, &flen, 4);
-   memcpy (p + 4, &rlen, 4);
-   memcpy (p + 8, &vlen, 4);
-   p += 12;
-   memcpy (p, filter, flen);
-   p += flen;
+   memcpy (lens, tok, sizeof *tok);
+   memcpy (lens + sizeof *tok, &flen, 4);
+   memcpy (lens + sizeof *tok + 4, &rlen, 4);
+   memcpy (lens + sizeof *tok + 8, &vlen, 4);
+   sum = record_sum (len32, kf, lens, filter, flen, rest, rlen, value, vlen);
+   memcpy (rec, &len32, 4);
+   memcpy (rec + 4, &kf, 4);
+   memcpy (rec + SUM_OFF, &sum, 8);
+   memcpy (rec + TOKEN_OFF, lens, LENS_BYTES);
+   rec += REC_FIXED;
+   memcpy (rec, filter, flen);
+   rec += flen;
    if (rlen) {
-      memcpy (p, rest, rlen);
-      p += rlen;
+      memcpy (rec, rest, rlen);
+      rec += rlen;
    }
    if (vlen) {
-      memcpy (p, value, vlen);
+      memcpy (rec, value, vlen);
    }
-   h->pushed++;
-   STORE (&h->head, head + need); /* publishes the record */
-   return true;
+   p->head = head + need;
+   STORE (&h->head, p->head); /* publishes the record */
+   res = CQC_RING_PUSHED;
+
+cleanup:
+   if (res == CQC_RING_PUSHED) {
+      p->pushed++;
+   } else if (res == CQC_RING_DAMAGED) {
+      p->damaged++;
+   } else {
+      p->dropped++;
+   }
+   publish_counters (p);
+   return res;
 }
 
 /* ======================================================================== */
 /* Consumer                                                                 */
 /* ======================================================================== */
 
+/* Parse the private copy of one record (len bytes, len >= REC_FIXED, len
+ * read from the segment once and checked by the caller). Every length is
+ * checked against len and the sum against the bytes; rec points into copy. */
+static bool
+parse_record (const uint8_t *copy, uint32_t len, cqc_ring_record_t *rec)
+{
+   const uint8_t *lens = copy + TOKEN_OFF;
+   uint32_t kf;
+   uint64_t sum, body;
+
+   memcpy (&kf, copy + 4, 4);
+   memcpy (&sum, copy + SUM_OFF, 8);
+   memcpy (&rec->token, lens, sizeof rec->token);
+   memcpy (&rec->flen, lens + sizeof rec->token, 4);
+   memcpy (&rec->rlen, lens + sizeof rec->token + 4, 4);
+   memcpy (&rec->vlen, lens + sizeof rec->token + 8, 4);
+   body = (uint64_t) rec->flen + rec->rlen + rec->vlen;
+   if (body > (uint64_t) len - REC_FIXED) {
+      return false;
+   }
+   rec->kind = (uint8_t) (kf & 0xffu);
+   rec->not_found = (kf & FLAG_NOT_FOUND) != 0;
+   rec->filter = copy + REC_FIXED;
+   rec->rest = rec->filter + rec->flen;
+   rec->value = rec->rest + rec->rlen;
+   return record_sum (len, kf, lens, rec->filter, rec->flen, rec->rest, rec->rlen, rec->value,
+                      rec->vlen) == sum;
+}
+
 uint64_t
 cqc_ring_drain (void *mem, uint64_t size, cqc_ring_fn fn, void *ctx)
 {
    cqc_ring_header_t *h = mem;
    const uint8_t *data = (const uint8_t *) mem + CQC_RING_DATA_OFF;
-   /* The header lies in memory the producer controls: each field is read
-    * once, and the values read are the ones checked and used (checking
-    * h->capacity again would let a producer change it in between). */
-   uint64_t cap = LOAD (&h->capacity);
+   /* The header lies in memory the producer (and any process of the user)
+    * controls: each field is read once, and the values read are the ones
+    * checked and used (checking h->capacity again would let a producer
+    * change it in between). */
+   uint64_t magic = LOAD (&h->magic);
+   uint32_t version = LOAD_RELAXED (&h->version);
+   uint64_t cap = LOAD_RELAXED (&h->capacity);
    uint64_t head = LOAD (&h->head);
-   uint64_t tail = LOAD (&h->tail); /* only the consumer should write it */
+   uint64_t tail = LOAD_RELAXED (&h->tail); /* only the consumer should write it */
+   uint8_t *copy = NULL;                    /* the record being handled, private */
+   uint32_t copy_cap = 0;
    uint64_t n = 0;
+   bool malformed = false;
 
-   if (!cqc_ring_check (mem, size) || cap % 8u != 0 || cap > size - CQC_RING_DATA_OFF ||
-       head - tail > cap) {
-      goto malformed;
+   if (size < CQC_RING_DATA_OFF + 4096u || magic != CQC_RING_MAGIC ||
+       version != CQC_RING_VERSION || cap < 4096u || cap % 8u != 0 ||
+       cap > size - CQC_RING_DATA_OFF || head - tail > cap) {
+      malformed = true;
+      goto cleanup;
    }
    while (tail != head) {
       uint64_t pos = tail % cap;
       uint64_t avail = head - tail;
-      uint32_t len, kf;
+      uint32_t len;
       cqc_ring_record_t rec;
-      const uint8_t *p;
-      uint64_t body;
 
       if (avail < 8 || cap - pos < 8) {
-         goto malformed;
+         malformed = true;
+         goto cleanup;
       }
+      /* The record's length is read once, and everything after comes from
+       * the copy: a producer that rewrites a record after this point
+       * changes nothing the consumer checked or uses. */
       memcpy (&len, data + pos, 4);
       if (len & CQC_RING_PAD) {
          uint64_t pad = len & ~CQC_RING_PAD;
          if (pad != cap - pos || pad > avail) {
-            goto malformed;
+            malformed = true;
+            goto cleanup;
          }
          tail += pad;
          continue;
       }
       if (len < REC_FIXED || len % 8u || len > avail || len > cap - pos) {
-         goto malformed;
+         malformed = true;
+         goto cleanup;
       }
-      p = data + pos;
-      memcpy (&kf, p + 4, 4);
-      memcpy (&rec.token, p + 8, sizeof rec.token);
-      p += 8 + sizeof rec.token;
-      memcpy (&rec.flen, p, 4);
-      memcpy (&rec.rlen, p + 4, 4);
-      memcpy (&rec.vlen, p + 8, 4);
-      p += 12;
-      body = (uint64_t) rec.flen + rec.rlen + rec.vlen;
-      if (body > (uint64_t) len - REC_FIXED) {
-         goto malformed;
+      if (len > copy_cap) {
+         uint8_t *bigger = realloc (copy, len);
+         if (!bigger) {
+            break; /* out of memory: the record waits for the next drain */
+         }
+         copy = bigger;
+         copy_cap = len;
       }
-      rec.kind = (uint8_t) (kf & 0xffu);
-      rec.not_found = (kf & FLAG_NOT_FOUND) != 0;
-      rec.filter = p;
-      rec.rest = p + rec.flen;
-      rec.value = p + rec.flen + rec.rlen;
+      memcpy (copy, data + pos, len);
+      if (!parse_record (copy, len, &rec)) {
+         malformed = true;
+         goto cleanup;
+      }
       fn (ctx, &rec);
       n++;
       tail += len;
    }
-   h->popped += n;
-   STORE (&h->tail, tail);
-   return n;
 
-malformed:
-   /* Drop everything published so far; the producer goes on from head. */
-   h->malformed++;
-   STORE (&h->tail, head);
+cleanup:
+   if (malformed) {
+      /* Drop everything published so far; the producer goes on from head. */
+      STORE_RELAXED (&h->malformed, LOAD_RELAXED (&h->malformed) + 1u);
+      tail = head;
+   }
+   STORE_RELAXED (&h->popped, LOAD_RELAXED (&h->popped) + n);
+   STORE (&h->tail, tail);
+   free (copy);
    return n;
 }

@@ -49,6 +49,7 @@ typedef struct {
    bool caught_up;
    bool ever_healthy;  /* entries can exist only once HEALTHY was published */
    bool fresh;         /* opened without a resume token: nothing cached predates it */
+   uint64_t freezes;   /* the arena's freeze count when open_t was read */
 } follow_t;
 
 /* ======================================================================== */
@@ -448,18 +449,51 @@ save_token (follow_t *f, const bson_t *token, bool start_after)
    f->start_after = start_after;
 }
 
+/* Start a catch-up: note the owner's freeze count, then read the
+ * deployment's time (in that order: a freeze noted after the time was read
+ * would let a time from before it pass). */
+static void
+read_open_time_noting_freezes (cqc_stream_t *s, mongoc_client_t *client, follow_t *f)
+{
+   f->freezes = __atomic_load_n (&s->w.arena->hdr->freezes, __ATOMIC_ACQUIRE);
+   read_open_time (client, f);
+}
+
+static void catch_up_first (cqc_stream_t *s, follow_t *f, mongoc_client_t *client);
+
 /* The stream has caught up: serve again. A stream opened without a resume
  * token starts with no entry older than it (they were dropped, or there were
- * none), so every write up to the time read before opening is reflected. */
+ * none), so every write up to the time read before opening is reflected.
+ *
+ * Unless the owner was frozen since the catch-up began: its demotion
+ * (owner.c) may have landed just before this promotion, and what looked
+ * caught up is then a batch from before the freeze, with the freeze's
+ * writes still queued behind it. The freeze count is compared and HEALTHY
+ * published in one hold of the writer lock, the lock the demotion holds
+ * while it bumps the count: either the demotion comes after and demotes
+ * this HEALTHY, or the comparison sees it and the catch-up starts over.
+ * Returns whether the database serves. */
 static bool
-become_healthy (cqc_stream_t *s, follow_t *f, int64_t *backoff)
+become_healthy (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, int64_t *backoff)
 {
-   if (f->fresh && f->have_open_time) {
-      pthread_mutex_lock (s->w.lock);
-      publish_applied_w (s, f->open_t, f->open_i);
-      pthread_mutex_unlock (s->w.lock);
+   bool frozen;
+
+   pthread_mutex_lock (s->w.lock);
+   frozen = s->w.arena->hdr->freezes != f->freezes;
+   if (!frozen) {
+      if (f->fresh && f->have_open_time) {
+         publish_applied_w (s, f->open_t, f->open_i);
+      }
+      cqc_arena_w_set_health (s->w.arena, s->db_idx, CQC_STREAM_HEALTHY);
    }
-   set_state (s, CQC_STREAM_HEALTHY);
+   pthread_mutex_unlock (s->w.lock);
+   if (frozen) {
+      catch_up_first (s, f, client);
+      return false;
+   }
+   pthread_mutex_lock (&s->mu);
+   s->state = CQC_STREAM_HEALTHY;
+   pthread_mutex_unlock (&s->mu);
    f->ever_healthy = true;
    *backoff = 0;
    return true;
@@ -490,7 +524,7 @@ static void
 catch_up_first (cqc_stream_t *s, follow_t *f, mongoc_client_t *client)
 {
    set_state (s, CQC_STREAM_RECONNECTING);
-   read_open_time (client, f);
+   read_open_time_noting_freezes (s, client, f);
    f->caught_up = false;
 }
 
@@ -534,7 +568,7 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
          }
          save_token (f, mongoc_change_stream_get_resume_token (cs), false);
          if (!healthy && f->caught_up) {
-            healthy = become_healthy (s, f, backoff);
+            healthy = become_healthy (s, f, client, backoff);
          }
          if (should_stop (s)) {
             return true;
@@ -560,7 +594,7 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
       }
       f->caught_up = true;
       if (!healthy) {
-         healthy = become_healthy (s, f, backoff);
+         healthy = become_healthy (s, f, client, backoff);
       } else {
          pthread_mutex_lock (s->w.lock);
          cqc_arena_w_progress (s->w.arena, s->db_idx);
@@ -609,7 +643,7 @@ stream_main (void *arg)
          /* Starting again without a token: what was cached is unverifiable. */
          drop_database_entries (s, false);
       }
-      read_open_time (client, &f);
+      read_open_time_noting_freezes (s, client, &f);
       f.caught_up = false;
       f.fresh = f.token == NULL;
       BSON_APPEND_INT64 (&opts, "maxAwaitTimeMS", s->max_await_ms);
@@ -673,7 +707,8 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
    }
    pthread_mutex_lock (w->lock);
    /* Readers consider progress older than this stalled. */
-   w->arena->dbs[db_idx].stall_ns = (uint64_t) (2 * max_await_ms + 2000) * 1000000ull;
+   __atomic_store_n (&w->arena->dbs[db_idx].stall_ns,
+                     (uint64_t) (2 * max_await_ms + 2000) * 1000000ull, __ATOMIC_RELAXED);
    pthread_mutex_unlock (w->lock);
    if (pthread_create (&s->thread, NULL, stream_main, s) != 0) {
       snprintf (err, errlen, "could not start the change-stream thread");

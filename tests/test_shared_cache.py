@@ -17,6 +17,7 @@ import gc
 import multiprocessing
 import os
 import queue
+import random
 import select
 import signal
 import stat
@@ -179,6 +180,19 @@ def _worker_command(manager: CacheManager, stop: Any, cmd: tuple[Any, ...]) -> A
     if op == "version_loop":
         _, db, coll, docs, baseline = cmd
         return _version_loop(manager, db, coll, docs, baseline, stop)
+    if op == "check_loop":
+        # Read documents 0..docs-1 in turn until `stop` is set, checking each
+        # against _blob_doc; return the counts and the first wrong results.
+        _, db, coll, docs = cmd
+        coll_ = manager[db][coll]
+        reads, wrong = 0, []
+        while not stop.is_set():
+            i = reads % docs
+            doc = coll_.find_one({"_id": i})
+            if doc != _blob_doc(i) and len(wrong) < 5:
+                wrong.append((i, doc))
+            reads += 1
+        return {"reads": reads, "wrong": wrong, **_snapshot_dict(manager)}
     raise ValueError(f"unknown command {cmd!r}")
 
 
@@ -206,6 +220,40 @@ def _worker_main(uri: str, name: str, commands: Any, results: Any, stop: Any) ->
         manager.close()
         client.close()
         results.put(("closed", os.getpid()))
+
+
+def _blob_doc(i: int) -> dict[str, Any]:
+    return {"_id": i, "v": i, "blob": f"{i:05d}" * 400}
+
+
+def _scribble_main(path: str, seconds: float, seed: int, results: Any) -> None:
+    """Another process of the same user: write random bytes over a worker's
+    ring file for ``seconds``, as fast as it can, into the header (both the
+    producer's and the consumer's fields) and over the records at the start
+    of the data area, where a drained ring keeps them."""
+    rng = random.Random(seed)
+    writes = 0
+    try:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                where = rng.random()
+                if where < 0.4:
+                    offset = rng.randrange(0, 128)
+                elif where < 0.9:
+                    offset = 128 + rng.randrange(0, 256 * 1024)
+                else:
+                    offset = rng.randrange(0, size)
+                data = rng.randbytes(rng.randint(1, 16))
+                os.pwrite(fd, data, min(offset, size - len(data)))
+                writes += 1
+        finally:
+            os.close(fd)
+        results.put(("ok", writes))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put(("error", traceback.format_exc()))
 
 
 def _writer_main(uri: str, db: str, coll: str, docs: int, count: int, pause: float, results: Any) -> None:
@@ -247,7 +295,7 @@ class Worker:
         except queue.Empty:
             raise AssertionError(
                 f"worker {self.pid} did not answer {what} within {timeout:g} s "
-                f"(alive: {self.process.is_alive()})"
+                f"(alive: {self.process.is_alive()}, exit code: {self.process.exitcode})"
             ) from None
 
     def wait_attached(self, timeout: float = 60.0) -> None:
@@ -810,8 +858,97 @@ def test_a_full_ring_drops_admissions_and_reads_stay_correct(group, client, db_n
 
 
 # =============================================================================
+# A ring overwritten by another process
+# =============================================================================
+
+
+def test_a_worker_whose_ring_another_process_overwrites_keeps_answering_and_so_do_the_others(
+    group, client, other_client, db_name
+):
+    # Documents of 2 KB and a 64 KiB budget: the workers' reads keep missing
+    # and admitting while the ring is overwritten.
+    docs = 64
+    seed(client, db_name, "items", [_blob_doc(i) for i in range(docs)])
+    owner = group.start_owner(budget_bytes=64 * 1024, max_entry_bytes=16 * 1024)
+    victim, survivor = group.spawn(2)
+    for w in (victim, survivor):
+        w.call("register", db_name, "items")
+    (ring,) = group.ring_files(victim.pid)
+
+    for w in (victim, survivor):
+        w.send("check_loop", db_name, "items", docs)
+    results = _SPAWN.Queue()
+    scribbler = _SPAWN.Process(target=_scribble_main, args=(str(ring), 6.0, 16, results), daemon=True)
+    scribbler.start()
+    try:
+        kind, writes = results.get(timeout=120)
+        assert kind == "ok", writes
+        group.stop_event.set()
+        outcomes = {name: w.result("check_loop", timeout=60) for name, w in
+                    (("victim", victim), ("survivor", survivor))}
+    finally:
+        group.stop_event.set()
+        scribbler.join(30)
+        if scribbler.is_alive():
+            scribbler.kill()
+            scribbler.join(10)
+        results.close()
+        results.cancel_join_thread()
+    group.stop_event.clear()
+
+    # Both workers answered every read with the right document; the victim
+    # noticed its header was not its own, dropped and counted admissions.
+    assert writes > 10_000, writes
+    for name, out in outcomes.items():
+        assert out["wrong"] == [], (name, out)
+        assert out["reads"] > docs, (name, out)
+    assert outcomes["victim"]["rejected_admissions"].get("ring_damaged", 0) > 0, outcomes["victim"]
+    assert victim.process.is_alive() and survivor.process.is_alive()
+
+    # The owner still serves: both workers attached, the stream healthy,
+    # writes invalidate everywhere, and the victim's ring works again.
+    snap = owner.snapshot()
+    assert snap["attached_workers"] == 2, snap
+    assert owner_stream(owner, db_name)["state"] == "healthy"
+    other_client[db_name].items.update_one({"_id": 3}, {"$set": {"v": -3}})
+    expected = {**_blob_doc(3), "v": -3}
+    for w in (victim, survivor):
+        w.call("read_until", db_name, "items", 3, expected, DEADLINE_S)
+    # Only the victim reads this one: its hit is its own admission.
+    new = {"_id": "after", "v": 1}
+    other_client[db_name].items.insert_one(new)
+    assert victim.call("read_until_hit", db_name, "items", "after", DEADLINE_S) == [new]
+    for w in (victim, survivor):
+        for i in range(docs):
+            expect = expected if i == 3 else _blob_doc(i)
+            assert w.read(db_name, "items", i) == expect
+
+
+# =============================================================================
 # Refusals
 # =============================================================================
+
+
+def test_a_worker_refuses_an_arena_without_a_heartbeat_timeout(tmp_path):
+    # Every owner writes its timeout before it publishes the arena's magic;
+    # an arena that has none would be served from with no liveness check.
+    from bson.objectid import ObjectId
+
+    from client_query_cache import CacheClosedError
+    from client_query_cache import _native
+    from client_query_cache._core.engine import decode_bson
+
+    common = dict(budget_bytes=64 * 1024, slot_count=64, uri=None, max_await_time_ms=1000,
+                  decode=decode_bson, objectid_type=ObjectId, closed_error=CacheClosedError,
+                  forked_error=CacheForkedError)
+    arena = tmp_path / "t.arena"
+    owner = _native.Cache(mode=_native.MODE_OWNER, arena_path=str(arena), heartbeat_timeout_ms=0, **common)
+    try:
+        with pytest.raises(ValueError, match="no heartbeat timeout"):
+            _native.Cache(mode=_native.MODE_WORKER, arena_path=str(arena),
+                          segment_path=str(tmp_path / "w.ring"), ring_bytes=1 << 20, **common)
+    finally:
+        owner.close()
 
 
 @pytest.mark.parametrize(

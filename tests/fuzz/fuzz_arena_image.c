@@ -123,7 +123,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       img_size = cqc_arena_required_bytes (&geo);
       img = calloc (1, img_size);
       FUZZ_CHECK (img, "out of memory");
-      FUZZ_CHECK (cqc_arena_format (&w, img, img_size, &geo, err, sizeof err), "%s", err);
+      FUZZ_CHECK (cqc_arena_format (&w, img, img_size, &geo, NULL, err, sizeof err), "%s", err);
       if (mode & 0x20) {
          populate (&w, &c);
       }

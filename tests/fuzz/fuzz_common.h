@@ -155,7 +155,7 @@ new_arena (cqc_arena_t *a, cqc_geometry_t geo, uint64_t *size, const char *const
    *size = cqc_arena_required_bytes (&geo);
    mem = calloc (1, *size);
    FUZZ_CHECK (mem, "out of memory");
-   FUZZ_CHECK (cqc_arena_format (a, mem, *size, &geo, err, sizeof err), "%s", err);
+   FUZZ_CHECK (cqc_arena_format (a, mem, *size, &geo, NULL, err, sizeof err), "%s", err);
    for (i = 0; i < n; i++) {
       FUZZ_CHECK (cqc_arena_w_ns_register (a, dbs[i], strlen (dbs[i]), colls[i],
                                            strlen (colls[i]), &ns_idx[i], err, sizeof err),

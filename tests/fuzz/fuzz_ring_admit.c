@@ -62,6 +62,7 @@ typedef struct {
    cqc_owner_t owner;
    uint8_t *ring;
    uint64_t ring_size;
+   cqc_ring_producer_t prod;
    rec_t rec[REC_MAX];
    uint32_t n;
    bool patched;
@@ -128,9 +129,9 @@ op_push (world_t *w, cursor_t *c)
    }
    r->key_len = CQC_KEY_FIXED + filter.len;
    cqc_key_write (r->key, kind, w->ns_idx[ns], bson_get_data (&filter), filter.len, NULL, 0);
-   if (cqc_ring_push (w->ring, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0)), r->not_found,
+   if (cqc_ring_push (&w->prod, (uint8_t) (kind | (rebind ? CQC_KIND_REBIND : 0)), r->not_found,
                       &tok, bson_get_data (&filter), filter.len, NULL, 0,
-                      r->not_found ? NULL : r->val, r->val_len)) {
+                      r->not_found ? NULL : r->val, r->val_len) == CQC_RING_PUSHED) {
       if (r == &scratch) {
          w->untracked = true; /* a record the model does not know: stop judging */
       } else {
@@ -237,7 +238,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    w->owner.w.lock = &w->lock;
    w->ring_size = CQC_RING_DATA_OFF + 8192u;
    w->ring = calloc (1, w->ring_size);
-   FUZZ_CHECK (w->ring && cqc_ring_format (w->ring, w->ring_size, 1), "no ring");
+   FUZZ_CHECK (w->ring && cqc_ring_format (&w->prod, w->ring, w->ring_size, 1), "no ring");
 
    for (steps = 0; steps < 96 && c.n; steps++) {
       uint8_t op = cur_u8 (&c);

@@ -21,8 +21,8 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 # Layout facts the seeds depend on (arena.h, ring.h); fuzz_arena_image
 # rejects nothing for being off, but a seed that matches gets further.
 ARENA_MAGIC = 0x414E455241435143
-LAYOUT_VERSION = 2
-HEADER_BYTES = 240
+LAYOUT_VERSION = 5
+HEADER_BYTES = 248
 TOKEN_BYTES = 40
 RING_MAGIC = 0x474E495243514343
 
@@ -223,7 +223,7 @@ def arena_header(geo_slots: int = 64, budget: int = 4096) -> bytes:
     geometry (4 databases, 16 namespaces, 64 identity cells): offsets as
     cqc_arena_format lays them out."""
     db_off = 256
-    ns_off = db_off + 4 * 128
+    ns_off = db_off + 4 * 144  # 4 cqc_db_t of 144 bytes (a multiple of 64 as a whole)
     idgen_off = ns_off + 16 * 296
     slots_off = idgen_off + 64 * 8
     ring_off = slots_off + geo_slots * 64
@@ -296,7 +296,9 @@ def ring_seeds() -> None:
     write("ring", "tail_ahead_of_head", ring_program(0, three, [patch(0, 64, struct.pack("<Q", 1 << 40))]))
     write("ring", "capacity_zero", ring_program(0, three, [patch(0, 16, b"\0" * 8)]))
     write("ring", "record_length_huge", ring_program(0, three, [patch(1, 0, b"\xf8\xff\xff\x7f")]))
-    write("ring", "record_body_lengths", ring_program(0, three, [patch(1, 48, b"\xff" * 12)]))
+    # A record: len, kind_flags, sum (8), token (40), flen, rlen, vlen.
+    write("ring", "record_body_lengths", ring_program(0, three, [patch(1, 56, b"\xff" * 12)]))
+    write("ring", "record_sum", ring_program(0, three, [patch(1, 8, b"\x01")]))
     write("ring", "pad_record_wrong", ring_program(0, three, [patch(1, 0, struct.pack("<I", 0x80000010))]))
     write("ring", "bad_magic", ring_program(0, three, [patch(0, 0, b"XXXX")]))
 
@@ -331,6 +333,26 @@ def ring_admit_seeds() -> None:
           + patch(1, 8, b"\xff\xff\xff\xff") + patch(0, 24, struct.pack("<Q", 4096)))
 
 
+def recheck_record(ns: int, flags: int, id_: int, val: bytes) -> bytes:
+    return bytes([ns, flags, id_, len(val)]) + val
+
+
+def ring_recheck_seeds() -> None:
+    """fuzz_ring_recheck: records, then the patches made while each one is
+    handed on (regions: 0 header, 1 data area, 2 first 512 bytes of data)."""
+    recs = [recheck_record(0, 1, 7, b"hello"), recheck_record(1, 0, 1, b"query"),
+            recheck_record(0, 3, 4, b"")]
+    head = bytes([len(recs) - 1]) + b"".join(recs)
+    write("ring_recheck", "nothing_changes", head + b"\0\0\0")
+    # While the first record is handed on: its value bytes (after the 68-byte
+    # fixed part and the filter), its lengths, and the header's head.
+    write("ring_recheck", "value_rewritten", head + bytes([1]) + patch(2, 68 + 14 + 20, b"\xee" * 8)
+          + b"\0\0")
+    write("ring_recheck", "lengths_rewritten", head + bytes([1]) + patch(2, 56, b"\xff" * 12) + b"\0\0")
+    write("ring_recheck", "next_record_rewritten", head + bytes([2]) + patch(2, 120, b"\x00" * 16)
+          + patch(0, 24, struct.pack("<Q", 1 << 20)) + b"\0\0")
+
+
 def main() -> None:
     keys_seeds()
     stream_seeds()
@@ -338,6 +360,7 @@ def main() -> None:
     arena_image_seeds()
     ring_seeds()
     ring_admit_seeds()
+    ring_recheck_seeds()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")
 

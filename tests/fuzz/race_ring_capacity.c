@@ -50,10 +50,11 @@ main (int argc, char **argv)
    cqc_ring_header_t *h;
    pthread_t t;
    uint64_t drains = 0, malformed;
+   cqc_ring_producer_t prod;
    struct timespec t0, now;
 
    mem = calloc (1, SEG);
-   if (!mem || !cqc_ring_format (mem, SEG, 1)) {
+   if (!mem || !cqc_ring_format (&prod, mem, SEG, 1)) {
       fprintf (stderr, "race_ring_capacity: cannot format a ring\n");
       return 2;
    }

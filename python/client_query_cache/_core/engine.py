@@ -569,6 +569,8 @@ class Engine:
                 rejects[reason.value] = stats[name]
         if stats.get("ring_dropped"):
             rejects[RejectReason.RING_FULL.value] = stats["ring_dropped"]
+        if stats.get("ring_damaged"):
+            rejects[RejectReason.RING_DAMAGED.value] = stats["ring_damaged"]
         return CacheSnapshot(
             hits=stats["hits"] + self._carried["hits"],
             misses=stats["misses"] + self._carried["misses"],

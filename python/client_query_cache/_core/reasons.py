@@ -78,6 +78,9 @@ class RejectReason(str, enum.Enum):
     CONFLICT = "conflict"
     #: A shared-cache worker's admission ring was full (the owner lags).
     RING_FULL = "ring_full"
+    #: A shared-cache worker found its admission ring's header changed by
+    #: another process: the admission was dropped and the header written again.
+    RING_DAMAGED = "ring_damaged"
 
 
 class StreamState(str, enum.Enum):
