@@ -345,6 +345,26 @@ async def test_a_write_through_the_view_is_read_back_at_once(d, client, db_name,
         assert time.monotonic() < deadline, cache.snapshot()
 
 
+async def test_a_write_to_one_document_holds_back_only_what_depends_on_it(d, client, db_name, proxy):
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1}, {"_id": 2, "k": "b", "v": 1})
+    mongo = d.client()
+    cache = d.manager(mongo, stream_uri=proxy.uri)
+    coll = await d.ready(cache, db_name)
+    for _id in (1, 2):
+        assert (await d.served(cache, lambda: coll.find_one({"_id": _id})))["v"] == 1
+    assert (await d.served(cache, lambda: coll.find_one({"k": "b"})))["v"] == 1
+    with _held(proxy):
+        await d.r(coll.update_one({"_id": 1}, {"$set": {"v": 2}}))
+        before = cache.snapshot()
+        # Another document's identity entry is still served...
+        assert (await d.r(coll.find_one({"_id": 2})))["v"] == 1
+        assert cache.snapshot().hits == before.hits + 1
+        # ...but not the written one's, nor a query of the collection.
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+        assert (await d.r(coll.find_one({"k": "b"})))["v"] == 1
+        assert _delta(cache, before) == {BEHIND: 2}
+
+
 async def test_no_read_method_goes_back_behind_a_newer_version_seen(d, client, other_client, db_name, proxy):
     _seed(client, db_name, {"_id": 1, "k": "a", "v": 1}, {"_id": 2, "k": "b", "v": 1})
     mongo = d.client()
