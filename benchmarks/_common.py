@@ -9,6 +9,7 @@ import os
 import platform
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,12 +17,32 @@ import bson
 import pymongo
 from bson.objectid import ObjectId
 
-__all__ = ["make_document", "quantile", "summarize", "machine_facts", "write_json", "bypass_split"]
+__all__ = ["make_document", "quantile", "summarize", "machine_facts", "write_json", "bypass_split", "warm_until_hits"]
 
 #: The bypass reason of a read that went to MongoDB because the stream had
 #: not yet applied what the process had already seen (the causal floor): the
 #: cost of that guarantee, counted apart from every other bypass.
 BEHIND = "stream_behind"
+
+
+def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
+    """Call every read until a whole pass is served from the cache; return
+    the passes it took (0 if ``timeout`` seconds passed first). Misses admit
+    on the first pass; a read can go to MongoDB for a while longer, until
+    the stream has applied what the process's misses saw (the causal floor,
+    up to two stream rounds)."""
+    deadline = time.monotonic() + timeout
+    passes = 0
+    while True:
+        passes += 1
+        before = manager.snapshot().hits
+        for read in reads:
+            read()
+        if manager.snapshot().hits - before == len(reads):
+            return passes
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(pause)
 
 
 def bypass_split(before: Any, after: Any) -> tuple[int, int]:

@@ -28,6 +28,7 @@ Uses the disposable server unless MONGODB_URI names a deployment.
 from __future__ import annotations
 
 import argparse
+import functools
 import asyncio
 import gc
 import os
@@ -45,7 +46,7 @@ from client_query_cache._core.config import MiB
 from client_query_cache._core.engine import decode_bson
 from client_query_cache.testing import disposable_uri
 
-from ._common import machine_facts, make_document, progress, summarize, write_json
+from ._common import machine_facts, make_document, progress, summarize, warm_until_hits, write_json
 
 SCHEMA = "client-query-cache/hit-path/1"
 
@@ -63,8 +64,16 @@ async def _measure_async(
             cached = manager[db_name]["docs"]
             if not await manager.wait_ready(30):
                 raise RuntimeError("the change stream did not become ready")
-            for d in expected:
-                await cached.find_one({"_id": d["_id"]})
+            deadline = time.monotonic() + 30  # until every document is served
+            while True:
+                hits = manager.snapshot().hits
+                for d in expected:
+                    await cached.find_one({"_id": d["_id"]})
+                if manager.snapshot().hits - hits == len(expected):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the documents are not all served from the cache after 30 s")
+                await asyncio.sleep(0.1)
             for d in expected[:200]:
                 decode_bson(raw_by_id[d["_id"]], codec)
                 await cached.find_one({"_id": d["_id"]})
@@ -156,12 +165,12 @@ def _measure_shared(
             for d in expected:
                 local_docs.find_one({"_id": d["_id"]})
                 shared_docs.find_one({"_id": d["_id"]})
-            # The owner admits a worker's misses asynchronously: wait for them.
-            deadline = time.monotonic() + 30
-            while owner.snapshot()["entries"] < len(expected):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the owner did not admit the warm-up reads")
-                time.sleep(0.05)
+            # The owner admits a worker's misses asynchronously, and reads go
+            # to MongoDB until the stream has applied what the misses saw.
+            for manager, docs_view in ((local, local_docs), (shared, shared_docs)):
+                reads = [functools.partial(docs_view.find_one, {"_id": d["_id"]}) for d in expected]
+                if not warm_until_hits(manager, reads, 30):
+                    raise RuntimeError("the warm-up reads are not all served from the cache after 30 s")
             before = shared.snapshot().hits
             times, mismatches = _interleave(
                 order,
@@ -201,9 +210,11 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             cached = manager[db_name]["docs"]
             if not manager.wait_ready(30):
                 raise RuntimeError("the change stream did not become ready")
-            # Warm-up: admit every document, then exercise all three paths.
-            for d in expected:
-                cached.find_one({"_id": d["_id"]})
+            # Warm-up: admit every document (until all are served), then
+            # exercise all three paths.
+            reads = [functools.partial(cached.find_one, {"_id": d["_id"]}) for d in expected]
+            if not warm_until_hits(manager, reads, 30):
+                raise RuntimeError("the documents are not all served from the cache after 30 s")
             for d in expected[: min(200, docs)]:
                 decode_bson(raw_by_id[d["_id"]], codec)
                 cached.find_one({"_id": d["_id"]})
