@@ -119,6 +119,7 @@ typedef struct {
    uint64_t misses;
    uint64_t unhealthy;
    uint64_t behind; /* lookups refused by the causal floor */
+   uint32_t pending_used; /* used entries of pending[] (read by every lookup) */
    /* The causal floor, by db_idx, in two parts (observe()): the highest
     * cluster time this process has observed from the database, and, on a
     * deployment of one member, the CLOCK_MONOTONIC time it observed it at
@@ -142,7 +143,6 @@ typedef struct {
     * every entry of its namespace that is not an identity entry) until the
     * stream has applied it (observe_id()). */
    pending_t pending[PENDING_MAX];
-   uint32_t pending_used;
 } CacheObject;
 
 typedef struct {
@@ -799,6 +799,22 @@ parse_idx (PyObject *o, uint32_t *out, uint32_t limit, const char *what)
    return true;
 }
 
+/* How many after() blocks are open in this process (causal.py): while any
+ * is, the fast path answers FALLBACK, so the read takes the path that
+ * checks the block's token. Changed and read with the GIL held. */
+static long g_after_blocks;
+
+static PyObject *
+mod_after_blocks (PyObject *Py_UNUSED (m), PyObject *arg)
+{
+   long n = PyLong_AsLong (arg);
+   if (n == -1 && PyErr_Occurred ()) {
+      return NULL;
+   }
+   g_after_blocks = n;
+   Py_RETURN_NONE;
+}
+
 /* lookup_id(ns_idx, db_idx, id_value, codec_options) */
 static PyObject *
 Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -822,7 +838,7 @@ Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    if (flen < 0) {
       return NULL;
    }
-   if (flen == 0) {
+   if (flen == 0 || g_after_blocks) {
       Py_INCREF (g_fallback);
       return g_fallback;
    }
@@ -1563,6 +1579,8 @@ mod_identity_hash (PyObject *Py_UNUSED (m), PyObject *arg)
 }
 
 static PyMethodDef module_methods[] = {
+   {"after_blocks", mod_after_blocks, METH_O,
+    "after_blocks(n): how many after() blocks are open (the fast path defers to them)."},
    {"identity_hash", mod_identity_hash, METH_O,
     "identity_hash(filter_bson) -> canonical _id hash, or None if not an identity filter."},
    {NULL, NULL, 0, NULL},

@@ -162,5 +162,9 @@ class Cache:
     def geometry(self) -> dict[str, int]:
         """Arena geometry and owner."""
 
+def after_blocks(n: int, /) -> None:
+    """How many ``after()`` blocks are open in the process: while any is,
+    ``lookup_id`` answers FALLBACK, so the read checks the block's token."""
+
 def identity_hash(filter_bson: Buffer, /) -> int | None:
     """Canonical ``_id`` hash, or None if not an identity filter."""

@@ -106,12 +106,18 @@ class _Blocks:
         self._lock = threading.Lock()
 
     def enter(self) -> None:
+        from .. import _native
+
         with self._lock:
             self.open += 1
+            _native.after_blocks(self.open)
 
     def leave(self) -> None:
+        from .. import _native
+
         with self._lock:
             self.open -= 1
+            _native.after_blocks(self.open)
 
 
 BLOCKS = _Blocks()

@@ -156,11 +156,12 @@ class CollectionCore:
         """``find_one(filter)`` without other arguments: the hit itself when
         the fast path answers (a document, or None for a cached "not found"),
         else the first Step."""
-        if self.fast and type(filter) is dict and len(filter) == 1 and not BLOCKS.open:
+        if self.fast and type(filter) is dict and len(filter) == 1:
             id_value = filter.get("_id", _ABSENT)
             if type(id_value) in FAST_ID_TYPES and self.bound_session() is None:
+                # FALLBACK too while an after() block is open (module.c).
                 result = self.native.lookup_id(self.ns.ns_idx, self.ns.db_idx, id_value, self.codec)
-                if result is not MISS and result is not UNHEALTHY and result is not FALLBACK and result is not BEHIND:
+                if type(result) is not str:  # a document or None; the sentinels are str
                     return result
                 if result is not FALLBACK:
                     return self.start_find_one(filter, (), {}, looked_up=result)
