@@ -106,7 +106,7 @@ WRITE_SHARE = 0.05
 #: The least share of each path's reads served from the cache: under it the
 #: judgement covers too few hits to mean anything (see docs/benchmarks.md
 #: for the figures it was chosen from).
-MIN_HIT_FRACTION = 0.1
+MIN_HIT_FRACTION = 0.05
 #: The judgement's counters, per path and in total.
 VIOLATIONS = ("stale_reads", "monotonic_violations", "read_your_writes_violations")
 #: Reading tasks per async worker process.
