@@ -407,9 +407,6 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
          }
          return CQC_LOOKUP_MISS;
       }
-      if (a->refbits && !a->refbits[i]) {
-         a->refbits[i] = 1;
-      }
       return (c.flags & CQC_ENTRY_NOT_FOUND) ? CQC_LOOKUP_NOT_FOUND : CQC_LOOKUP_HIT;
    }
    return CQC_LOOKUP_MISS;
@@ -627,9 +624,6 @@ slot_remove_w (cqc_arena_t *a, uint32_t i)
       slot_copy_body_w (hole, sj);
       slot_end_w (hole);
       block_at_w (a, hole->block_off)->slot = i;
-      if (a->refbits) {
-         a->refbits[i] = a->refbits[j];
-      }
       i = j;
    }
    hole = &a->slots[i];
@@ -637,9 +631,6 @@ slot_remove_w (cqc_arena_t *a, uint32_t i)
    hole->state = 0;
    hole->hash = 0;
    slot_end_w (hole);
-   if (a->refbits) {
-      a->refbits[i] = 0;
-   }
 }
 
 static bool
@@ -754,9 +745,6 @@ cqc_arena_w_clear (cqc_arena_t *a)
          s->state = 0;
          s->hash = 0;
          slot_end_w (s);
-      }
-      if (a->refbits) {
-         a->refbits[i] = 0;
       }
    }
    a->hdr->ring_head = a->hdr->ring_tail = a->hdr->ring_span = 0;
@@ -927,9 +915,6 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    s->gen = tok->gen;
    s->db_inc = tok->db_inc;
    slot_end_w (s);
-   if (a->refbits) {
-      a->refbits[i] = 0;
-   }
    h->used_bytes += need;
    h->entries++;
    if (conflict) {

@@ -295,7 +295,6 @@ typedef struct {
    uint64_t *idgen;
    cqc_slot_t *slots;
    uint8_t *ring;
-   uint8_t *refbits; /* process-private reference bits, one per slot; may be NULL */
 } cqc_arena_t;
 
 /* ------------------------------------------------------------------------ */

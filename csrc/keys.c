@@ -4,6 +4,7 @@
 #include "keys.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ======================================================================== */
@@ -154,4 +155,105 @@ cqc_key_write (uint8_t *out, uint8_t kind, uint32_t ns_idx, const uint8_t *filte
    if (rlen) {
       memcpy (out + CQC_KEY_FIXED + flen, rest, rlen);
    }
+}
+
+cqc_key_status_t
+cqc_key_build (cqc_key_t *k, uint8_t kind, uint32_t ns_idx, const uint8_t *filter, uint32_t flen,
+               const uint8_t *rest, uint32_t rlen)
+{
+   uint64_t total = (uint64_t) CQC_KEY_FIXED + flen + rlen;
+
+   k->buf = NULL;
+   k->len = 0;
+   if (total > CQC_KEY_MAX) {
+      return CQC_KEY_TOO_LARGE;
+   }
+   k->buf = total <= CQC_KEY_STACK ? k->stack : malloc (total);
+   if (!k->buf) {
+      return CQC_KEY_NO_MEMORY;
+   }
+   cqc_key_write (k->buf, kind, ns_idx, filter, flen, rest, rlen);
+   k->len = (uint32_t) total;
+   return CQC_KEY_OK;
+}
+
+void
+cqc_key_free (cqc_key_t *k)
+{
+   if (k->buf && k->buf != k->stack) {
+      free (k->buf);
+   }
+   k->buf = NULL;
+   k->len = 0;
+}
+
+/* ======================================================================== */
+/* Identity filters                                                         */
+/* ======================================================================== */
+
+/* Frame {"_id": <a value of `type`, n bytes>} in `out` (`cap` bytes): sets
+ * *total and returns where the value goes, or NULL when it does not fit. */
+static uint8_t *
+id_frame (uint8_t *out, size_t cap, uint8_t type, size_t n, uint32_t *total)
+{
+   int32_t len;
+
+   if (n > cap || 10 + n > cap) {
+      return NULL;
+   }
+   *total = (uint32_t) (10 + n);
+   len = (int32_t) *total;
+   memcpy (out, &len, 4);
+   out[4] = type;
+   memcpy (out + 5, "_id", 4);
+   out[*total - 1] = 0;
+   return out + 9;
+}
+
+uint32_t
+cqc_id_filter_int (uint8_t *out, size_t cap, int64_t v)
+{
+   uint32_t total = 0;
+   uint8_t *p;
+
+   if (v >= INT32_MIN && v <= INT32_MAX) {
+      int32_t v32 = (int32_t) v;
+      if ((p = id_frame (out, cap, 0x10, 4, &total))) {
+         memcpy (p, &v32, 4);
+      }
+   } else if ((p = id_frame (out, cap, 0x12, 8, &total))) {
+      memcpy (p, &v, 8);
+   }
+   return p ? total : 0;
+}
+
+uint32_t
+cqc_id_filter_str (uint8_t *out, size_t cap, const char *s, size_t n)
+{
+   uint32_t total = 0;
+   int32_t slen = (int32_t) n + 1;
+   uint8_t *p;
+
+   if (n + CQC_ID_FILTER_FIXED > cap || memchr (s, '\0', n)) {
+      return 0;
+   }
+   if (!(p = id_frame (out, cap, 0x02, n + 5, &total))) {
+      return 0;
+   }
+   memcpy (p, &slen, 4);
+   memcpy (p + 4, s, n);
+   p[4 + n] = 0;
+   return total;
+}
+
+uint32_t
+cqc_id_filter_oid (uint8_t *out, size_t cap, const uint8_t oid[12])
+{
+   uint32_t total = 0;
+   uint8_t *p = id_frame (out, cap, 0x07, 12, &total);
+
+   if (p) {
+      memcpy (p, oid, 12);
+   }
+   return p ? total : 0;
 }

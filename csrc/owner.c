@@ -2,17 +2,15 @@
  * owner.c - see owner.h.
  */
 #include "owner.h"
-#include "keys.h"
+#include "admit.h"
 #include "ring.h"
+#include "shm.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,8 +32,6 @@ struct cqc_owner {
    ring_slot_t rings[MAX_RINGS];
    uint32_t next_id;
    cqc_owner_stats_t stats;
-   uint8_t *keybuf; /* the drain thread's key buffer */
-   size_t keycap;
 };
 
 /* ======================================================================== */
@@ -44,47 +40,16 @@ struct cqc_owner {
 
 /* `rec` is the drain's private copy of a record whose lengths and sum it
  * checked (ring.c): nothing here reads the worker's segment, so nothing
- * checked can change under the parse of the filter or the value. */
+ * checked can change under the parse of the filter or the value. The token
+ * came from a worker: cqc_admit checks it as it checks a local one. */
 static void
 admit_record (void *ctx, const cqc_ring_record_t *rec)
 {
    cqc_owner_t *o = ctx;
-   cqc_arena_t *a = o->w.arena;
-   cqc_token_t tok = rec->token;
-   uint64_t id_hash;
-   uint32_t cell = CQC_NO_CELL;
-   size_t klen = CQC_KEY_FIXED + (size_t) rec->flen + rec->rlen;
+   uint64_t key_hash;
 
    o->stats.records++;
-   /* The token came from a worker: its indexes must be in range and its
-    * identity cell the one its filter maps to. */
-   if (tok.ns_idx >= a->geo.ns_count || tok.db_idx >= a->geo.db_count) {
-      return;
-   }
-   if (cqc_filter_identity (rec->filter, rec->flen, &id_hash)) {
-      cell = cqc_id_cell (id_hash, tok.ns_idx, a->geo.idgen_count);
-   }
-   if (cell != tok.id_cell || (rec->not_found && rec->vlen)) {
-      return;
-   }
-   if (klen > o->keycap) {
-      uint8_t *nb = realloc (o->keybuf, klen);
-      if (!nb) {
-         return;
-      }
-      o->keybuf = nb;
-      o->keycap = klen;
-   }
-   cqc_key_write (o->keybuf, (uint8_t) (rec->kind & ~CQC_KIND_REBIND), tok.ns_idx, rec->filter,
-                  rec->flen, rec->rest, rec->rlen);
-   pthread_mutex_lock (o->w.lock);
-   if ((rec->kind & CQC_KIND_REBIND) && !rec->not_found) {
-      cqc_arena_w_rebind (a, &tok, rec->value, rec->vlen);
-   }
-   cqc_arena_w_admit (a, &tok, cqc_hash_bytes (o->keybuf, klen, 0), o->keybuf, (uint32_t) klen,
-                      rec->not_found ? NULL : rec->value, rec->not_found ? 0 : rec->vlen,
-                      rec->not_found ? CQC_ENTRY_NOT_FOUND : 0);
-   pthread_mutex_unlock (o->w.lock);
+   (void) cqc_admit (&o->w, rec, &key_hash);
 }
 
 /* ======================================================================== */
@@ -201,31 +166,17 @@ cqc_owner_start (cqc_writer_t *w, char *err, size_t errlen)
 uint32_t
 cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
 {
-   struct stat st;
-   void *mem = MAP_FAILED;
+   cqc_error_t e;
+   uint64_t size = 0;
    char *copy = NULL;
    uint32_t i, id = 0;
-   int fd = open (path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+   void *mem = cqc_shm_map_private (path, true, CQC_RING_DATA_OFF + 4096u, 1u << 30, &size, &e);
 
-   if (fd < 0) {
-      snprintf (err, errlen, "cannot open the worker's ring: %s", strerror (errno));
+   if (!mem) {
+      snprintf (err, errlen, "the worker's ring: %s", e.msg);
       goto cleanup;
    }
-   if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode) || st.st_uid != getuid () ||
-       (st.st_mode & 077) != 0) {
-      snprintf (err, errlen, "the worker's ring is not a private file of this user");
-      goto cleanup;
-   }
-   if (st.st_size < (off_t) (CQC_RING_DATA_OFF + 4096u) || st.st_size > (off_t) (1u << 30)) {
-      snprintf (err, errlen, "the worker's ring has an invalid size");
-      goto cleanup;
-   }
-   mem = mmap (NULL, (size_t) st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-   if (mem == MAP_FAILED) {
-      snprintf (err, errlen, "cannot map the worker's ring: %s", strerror (errno));
-      goto cleanup;
-   }
-   if (!cqc_ring_check (mem, (uint64_t) st.st_size)) {
+   if (!cqc_ring_check (mem, size)) {
       snprintf (err, errlen, "the worker's ring is not formatted");
       goto cleanup;
    }
@@ -238,12 +189,9 @@ cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
    for (i = 0; i < MAX_RINGS; i++) {
       if (!o->rings[i].id) {
          id = o->next_id++;
-         o->rings[i].id = id;
-         o->rings[i].mem = mem;
-         o->rings[i].size = (uint64_t) st.st_size;
-         o->rings[i].path = copy;
+         o->rings[i] = (ring_slot_t){id, mem, size, copy};
          o->stats.rings++;
-         mem = MAP_FAILED;
+         mem = NULL;
          copy = NULL;
          break;
       }
@@ -253,13 +201,10 @@ cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
       snprintf (err, errlen, "too many attached workers (%u)", MAX_RINGS);
    }
 cleanup:
-   if (mem != MAP_FAILED) {
-      munmap (mem, (size_t) st.st_size);
+   if (mem) {
+      munmap (mem, (size_t) size);
    }
    free (copy);
-   if (fd >= 0) {
-      close (fd);
-   }
    return id;
 }
 
@@ -328,6 +273,5 @@ cqc_owner_destroy (cqc_owner_t *o)
       }
    }
    pthread_mutex_destroy (&o->mu);
-   free (o->keybuf);
    free (o);
 }

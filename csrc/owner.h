@@ -2,20 +2,21 @@
  * owner.h - the shared-cache owner's writer loop: draining the workers'
  * admission rings into the arena, and publishing a heartbeat.
  *
- * One drain thread per owner. It polls every attached ring (adaptive sleep:
- * 20 us doubling to 1 ms while idle), admits each record under the writer
- * lock with the same token check as a process-local admission, and stores
- * CLOCK_MONOTONIC into the arena header's heartbeat every 100 ms. Workers
+ * One drain thread per owner. It polls every attached ring (every 1 ms
+ * while records arrive, every 10 ms after a second without any), admits each
+ * record through cqc_admit (admit.h), the path a process-local admission
+ * takes, and stores CLOCK_MONOTONIC into the arena header's heartbeat every
+ * 100 ms. Workers
  * stop serving from an arena whose heartbeat is older than its
  * heartbeat_timeout_ns (set at creation), so an owner that dies, hangs or is
  * stopped stops serving within that bound, whatever its streams' state says.
  *
  * Rings are worker-created segments; the owner maps them read-write only
  * after checking that the file belongs to its own uid and is not accessible
- * to others, and unlinks them when the worker detaches or dies. Any process
- * of that uid can still write them: the drain hands admit_record a private
- * copy of each record, checked (ring.h), and admit_record checks the token
- * against the arena as for any admission. The counters read from a ring's
+ * to others (shm.h), and unlinks them when the worker detaches or dies. Any
+ * process of that uid can still write them: the drain hands admit_record a
+ * private copy of each record, checked (ring.h), and cqc_admit checks the
+ * token against the arena as for any admission. The counters read from a ring's
  * header are the worker's word, used for statistics only.
  */
 #ifndef CQC_OWNER_H

@@ -48,6 +48,7 @@
 #ifndef CQC_RING_H
 #define CQC_RING_H
 
+#include "admit.h"
 #include "arena.h"
 
 #include <stdbool.h>
@@ -95,19 +96,10 @@ _Static_assert (offsetof (cqc_ring_header_t, magic) == 0 &&
                    sizeof (cqc_ring_header_t) == CQC_RING_DATA_OFF,
                 "cqc_ring_header_t layout: producer line, consumer line, then data");
 
-/* One admission record, as the consumer hands it on: pointers into the
- * consumer's private copy of the record, valid during the callback only. */
-typedef struct {
-   uint8_t kind;
-   bool not_found;
-   cqc_token_t token;
-   const uint8_t *filter;
-   uint32_t flen;
-   const uint8_t *rest;
-   uint32_t rlen;
-   const uint8_t *value;
-   uint32_t vlen;
-} cqc_ring_record_t;
+/* One admission record, as the consumer hands it on (admit.h): pointers
+ * into the consumer's private copy of the record, valid during the callback
+ * only. */
+typedef cqc_admission_t cqc_ring_record_t;
 
 /* The producer's private state: what it formatted and wrote, never read
  * back from the segment. */

@@ -689,6 +689,7 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
                   int64_t max_await_ms, char *err, size_t errlen)
 {
    cqc_stream_t *s = calloc (1, sizeof *s);
+   bool ok = false;
 
    if (!s) {
       snprintf (err, errlen, "out of memory");
@@ -703,7 +704,7 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
    pthread_cond_init (&s->cv, NULL);
    if (!s->db_name || !s->uri) {
       snprintf (err, errlen, "out of memory");
-      goto fail;
+      goto cleanup;
    }
    pthread_mutex_lock (w->lock);
    /* Readers consider progress older than this stalled. */
@@ -712,14 +713,17 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
    pthread_mutex_unlock (w->lock);
    if (pthread_create (&s->thread, NULL, stream_main, s) != 0) {
       snprintf (err, errlen, "could not start the change-stream thread");
-      goto fail;
+      goto cleanup;
    }
    s->thread_started = true;
-   return s;
+   ok = true;
 
-fail:
-   cqc_stream_destroy (s);
-   return NULL;
+cleanup:
+   if (!ok) {
+      cqc_stream_destroy (s);
+      s = NULL;
+   }
+   return s;
 }
 
 void
@@ -774,10 +778,4 @@ cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out)
    out->history_lost = s->history_lost;
    memcpy (out->last_error, s->last_error, sizeof out->last_error);
    pthread_mutex_unlock (&s->mu);
-}
-
-uint32_t
-cqc_stream_db_idx (const cqc_stream_t *s)
-{
-   return s->db_idx;
 }

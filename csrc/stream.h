@@ -24,16 +24,11 @@
 #ifndef CQC_STREAM_H
 #define CQC_STREAM_H
 
+#include "admit.h"
 #include "arena.h"
 
 #include <pthread.h>
 #include <stdint.h>
-
-/* What followers write through: the arena and the lock of its single writer. */
-typedef struct {
-   cqc_arena_t *arena;
-   pthread_mutex_t *lock;
-} cqc_writer_t;
 
 typedef struct cqc_stream cqc_stream_t;
 
@@ -61,7 +56,5 @@ void cqc_stream_destroy (cqc_stream_t *s);
 void cqc_stream_destroy_keep_info (cqc_stream_t *s, cqc_stream_info_t *out);
 
 void cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out);
-
-uint32_t cqc_stream_db_idx (const cqc_stream_t *s);
 
 #endif

@@ -60,14 +60,17 @@ def test_the_stub_constants_have_the_declared_types() -> None:
         assert type(getattr(_native, name)) is expected, name
 
 
-def test_cache_accepts_every_keyword_the_stub_declares() -> None:
-    init = _declared(_cache_class().body)["__init__"]
-    assert isinstance(init, ast.FunctionDef)
-    names = [a.arg for a in init.args.args[1:]]
-    required = names[: len(names) - len(init.args.defaults)]
-    # Values valid for a process-local arena without change-stream followers;
-    # the optional ones at what the C code takes as its defaults.
-    values = {
+def _constructor(name: str) -> ast.FunctionDef:
+    node = _declared(_cache_class().body)[name]
+    assert isinstance(node, ast.FunctionDef)
+    assert [ast.unparse(d) for d in node.decorator_list] == ["classmethod"], name
+    return node
+
+
+def _values(tmp_path: Path) -> dict[str, object]:
+    """Valid arguments for every constructor keyword; the optional ones at
+    what the C code takes as its defaults."""
+    return {
         "budget_bytes": 1 << 20,
         "slot_count": 1024,
         "uri": None,
@@ -76,21 +79,63 @@ def test_cache_accepts_every_keyword_the_stub_declares() -> None:
         "objectid_type": bson.ObjectId,
         "closed_error": RuntimeError,
         "forked_error": RuntimeError,
-        "mode": _native.MODE_LOCAL,
-        "arena_path": None,
-        "segment_path": None,
-        "ring_bytes": 0,
+        "arena_path": str(tmp_path / "t.arena"),
+        "segment_path": str(tmp_path / "w.ring"),
+        "ring_bytes": 1 << 20,
         "heartbeat_timeout_ms": 1000,
         "arena_bytes": 0,
     }
-    assert set(names) == set(values), "update this test's values with the stub"
-    cache = _native.Cache(**{n: values[n] for n in names})
+
+
+@pytest.mark.parametrize("mode", ["local", "owner", "worker"])
+def test_each_constructor_accepts_exactly_the_keywords_the_stub_declares(mode: str, tmp_path: Path) -> None:
+    init = _constructor(mode)
+    names = [a.arg for a in init.args.args[1:]]
+    required = names[: len(names) - len(init.args.defaults)]
+    values = _values(tmp_path)
+    assert set(names) <= set(values), "update this test's values with the stub"
+    owner = None
+    if mode == "worker":
+        # A worker attaches to a running owner's arena.
+        owner = _native.Cache.owner(**{n: values[n] for n in _required("owner")})
     try:
-        assert cache.closed is False
-        assert cache.geometry()["mode"] == _native.MODE_LOCAL
+        cache = getattr(_native.Cache, mode)(**{n: values[n] for n in names})
+        try:
+            assert cache.closed is False
+            assert cache.geometry()["mode"] == getattr(_native, f"MODE_{mode.upper()}")
+        finally:
+            cache.close()
+        with pytest.raises(TypeError):
+            getattr(_native.Cache, mode)(**{n: values[n] for n in required}, not_a_keyword=1)
+        with pytest.raises(TypeError):
+            getattr(_native.Cache, mode)(**{n: values[n] for n in required[:-1]})
     finally:
-        cache.close()
+        if owner is not None:
+            owner.close()
+
+
+def _required(mode: str) -> list[str]:
+    init = _constructor(mode)
+    names = [a.arg for a in init.args.args[1:]]
+    return names[: len(names) - len(init.args.defaults)]
+
+
+def test_cache_has_no_other_constructor() -> None:
     with pytest.raises(TypeError):
-        _native.Cache(**{n: values[n] for n in required}, not_a_keyword=1)
-    with pytest.raises(TypeError):
-        _native.Cache(**{n: values[n] for n in required[:-1]})
+        _native.Cache()
+
+
+def test_an_owner_serves_no_reads(tmp_path: Path) -> None:
+    values = _values(tmp_path)
+    owner = _native.Cache.owner(**{n: values[n] for n in _required("owner")})
+    try:
+        for call in (
+            lambda: owner.lookup(0, 0, 1, b"", b"", None),
+            lambda: owner.lookup_id(0, 0, 1, None),
+            lambda: owner.capture(0, b""),
+            lambda: owner.admit(b"", 1, b"", b"", None),
+        ):
+            with pytest.raises(RuntimeError, match="owner serves no reads"):
+                call()
+    finally:
+        owner.close()

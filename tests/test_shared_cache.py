@@ -938,15 +938,14 @@ def test_a_worker_refuses_an_arena_without_a_heartbeat_timeout(tmp_path):
     from client_query_cache import _native
     from client_query_cache._core.engine import decode_bson
 
-    common = dict(budget_bytes=64 * 1024, slot_count=64, uri=None, max_await_time_ms=1000,
-                  decode=decode_bson, objectid_type=ObjectId, closed_error=CacheClosedError,
-                  forked_error=CacheForkedError)
+    errors = dict(closed_error=CacheClosedError, forked_error=CacheForkedError)
     arena = tmp_path / "t.arena"
-    owner = _native.Cache(mode=_native.MODE_OWNER, arena_path=str(arena), heartbeat_timeout_ms=0, **common)
+    owner = _native.Cache.owner(budget_bytes=64 * 1024, slot_count=64, uri=None, max_await_time_ms=1000,
+                                arena_path=str(arena), heartbeat_timeout_ms=0, **errors)
     try:
         with pytest.raises(ValueError, match="no heartbeat timeout"):
-            _native.Cache(mode=_native.MODE_WORKER, arena_path=str(arena),
-                          segment_path=str(tmp_path / "w.ring"), ring_bytes=1 << 20, **common)
+            _native.Cache.worker(arena_path=str(arena), segment_path=str(tmp_path / "w.ring"),
+                                 ring_bytes=1 << 20, decode=decode_bson, objectid_type=ObjectId, **errors)
     finally:
         owner.close()
 

@@ -2,7 +2,8 @@
 
 Private to the package: the facades in ``_core`` are its only callers.
 tests/test_native_stub.py fails when a public name here and in the built
-module differ, or when ``Cache``'s keywords stop matching the C keyword list.
+module differ, or when a constructor's keywords stop matching the C keyword
+lists.
 """
 
 from collections.abc import Callable
@@ -61,8 +62,9 @@ class _StreamInfo(TypedDict):
 class Cache:
     """A cache arena with its writer and change-stream followers."""
 
-    def __init__(
-        self,
+    @classmethod
+    def local(
+        cls,
         budget_bytes: int,
         slot_count: int,
         uri: str | None,
@@ -71,13 +73,43 @@ class Cache:
         objectid_type: type,
         closed_error: type[BaseException],
         forked_error: type[BaseException],
-        mode: int = ...,
-        arena_path: str | None = ...,
-        segment_path: str | None = ...,
-        ring_bytes: int = ...,
+    ) -> Cache:
+        """A process-local cache: an arena in private memory that this process
+        admits to, and one change-stream follower per registered database
+        (none when ``uri`` is None)."""
+
+    @classmethod
+    def owner(
+        cls,
+        budget_bytes: int,
+        slot_count: int,
+        uri: str | None,
+        max_await_time_ms: int,
+        arena_path: str,
+        closed_error: type[BaseException],
+        forked_error: type[BaseException],
         heartbeat_timeout_ms: int = ...,
         arena_bytes: int = ...,
-    ) -> None: ...
+    ) -> Cache:
+        """A shared cache's owner: creates the arena file at ``arena_path``,
+        follows the change streams and drains the workers' rings. It serves
+        no reads: ``lookup``, ``lookup_id``, ``capture`` and ``admit`` raise
+        RuntimeError."""
+
+    @classmethod
+    def worker(
+        cls,
+        arena_path: str,
+        segment_path: str,
+        ring_bytes: int,
+        decode: Callable[[bytes, Any], Any],
+        objectid_type: type,
+        closed_error: type[BaseException],
+        forked_error: type[BaseException],
+    ) -> Cache:
+        """A shared cache's worker: maps the owner's arena read-only and
+        creates its ring at ``segment_path``; admissions go to the ring."""
+
     @property
     def closed(self) -> bool:
         """Whether close() was called."""
@@ -122,9 +154,6 @@ class Cache:
         ``(seconds << 32) | increment`` and, on a one-member deployment, the
         CLOCK_MONOTONIC time it was observed at (0 otherwise)."""
 
-    def applied(self, db_idx: int, /) -> int:
-        """The database's applied cluster time as readers see it."""
-
     def observe_id(
         self, db_idx: int, ns_idx: int, filter: Buffer, cluster_time: int, monotonic_ns: int, /
     ) -> bool:
@@ -135,8 +164,8 @@ class Cache:
     def register(self, db: str, coll: str, /) -> tuple[int, int]:
         """``(ns_idx, db_idx)``; starts the database's follower."""
 
-    def db_state(self, db_idx: int, /) -> tuple[int, bool]:
-        """``(state, stalled)`` as readers see it."""
+    def db_state(self, db_idx: int, /) -> tuple[int, bool, int]:
+        """``(state, stalled, applied cluster time)`` as readers see them."""
 
     def ns_epoch(self, ns_idx: int, /) -> tuple[int, int]:
         """``(epoch, db incarnation)``."""
@@ -165,6 +194,3 @@ class Cache:
 def after_blocks(n: int, /) -> None:
     """How many ``after()`` blocks are open in the process: while any is,
     ``lookup_id`` answers FALLBACK, so the read checks the block's token."""
-
-def identity_hash(filter_bson: Buffer, /) -> int | None:
-    """Canonical ``_id`` hash, or None if not an identity filter."""

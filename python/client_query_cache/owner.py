@@ -52,14 +52,6 @@ HEARTBEAT_TIMEOUT_MS = 500
 # ============================================================================
 
 
-def _never_decodes(_data: bytes) -> Any:
-    raise RuntimeError("the owner does not decode documents")
-
-
-class _NoObjectId:
-    """Stands in for bson's ObjectId: the owner classifies no filters."""
-
-
 class _Owner:
     def __init__(self, config: dict[str, Any]) -> None:
         self.name = validate_name(config["name"])
@@ -88,17 +80,14 @@ class _Owner:
         for key in ("arena", "sock"):
             with contextlib.suppress(FileNotFoundError):
                 self.paths[key].unlink()
-        self.native = _native.Cache(
+        self.native = _native.Cache.owner(
             budget_bytes=int(config["budget_bytes"]),
             slot_count=int(config["slots"]),
             uri=self.uri,
             max_await_time_ms=self.max_await_time_ms,
-            decode=_never_decodes,  # the owner serves no reads
-            objectid_type=_NoObjectId,
+            arena_path=str(self.paths["arena"]),
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
-            mode=_native.MODE_OWNER,
-            arena_path=str(self.paths["arena"]),
             heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
             arena_bytes=int(config.get("arena_bytes") or 0),
         )

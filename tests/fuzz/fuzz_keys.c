@@ -18,7 +18,14 @@
  *        - cqc_id_cell stays below the table size.
  *   3. cqc_key_write with the first bytes as kind and namespace and the
  *      rest split into filter and rest: the key reads back field by field,
- *      and cqc_hash_bytes is a function of the bytes only.
+ *      cqc_hash_bytes is a function of the bytes only, and cqc_key_build
+ *      makes the same bytes (on the stack or on the heap).
+ *   4. The fast path's {"_id": v} encoders (cqc_id_filter_*) with the first
+ *      8 bytes as an integer, the first 12 as an ObjectId and the rest as a
+ *      string, each against libbson's encoding of the same document (an
+ *      int32 when the integer fits, as PyMongo writes it), and always an
+ *      identity filter; a string holding NUL or too long for the buffer is
+ *      refused.
  */
 #include "fuzz_common.h"
 
@@ -212,7 +219,69 @@ check_key_write (const uint8_t *data, size_t size)
                   "hash depends on alignment");
       free (copy);
    }
+   {
+      cqc_key_t built;
+      FUZZ_CHECK (cqc_key_build (&built, kind, ns_idx, filter, flen, rest, rlen) == CQC_KEY_OK,
+                  "cqc_key_build refused a key of %u bytes", CQC_KEY_FIXED + flen + rlen);
+      FUZZ_CHECK (built.len == CQC_KEY_FIXED + flen + rlen &&
+                     memcmp (built.buf, key, built.len) == 0 &&
+                     (built.buf == built.stack) == (built.len <= CQC_KEY_STACK),
+                  "cqc_key_build differs from cqc_key_write");
+      cqc_key_free (&built);
+   }
    free (key);
+}
+
+/* One encoder's output against libbson's {"_id": v}. */
+static void
+same_filter (const uint8_t *out, uint32_t len, const bson_t *want, const char *what,
+             bool identity)
+{
+   uint64_t h;
+   FUZZ_CHECK (len == want->len && memcmp (out, bson_get_data (want), len) == 0,
+               "%s: %u bytes, libbson %u", what, len, want->len);
+   FUZZ_CHECK (!identity || cqc_filter_identity (out, len, &h), "%s is no identity filter",
+               what);
+}
+
+static void
+check_id_filters (const uint8_t *data, size_t size)
+{
+   uint8_t out[256 + CQC_ID_FILTER_FIXED];
+   int64_t v = 0;
+   bson_oid_t oid;
+   bson_t want;
+   uint32_t len;
+
+   memcpy (&v, data, size < 8 ? size : 8);
+   bson_init (&want);
+   if (v >= INT32_MIN && v <= INT32_MAX) {
+      BSON_APPEND_INT32 (&want, "_id", (int32_t) v);
+   } else {
+      BSON_APPEND_INT64 (&want, "_id", v);
+   }
+   same_filter (out, cqc_id_filter_int (out, sizeof out, v), &want, "int", true);
+   bson_destroy (&want);
+
+   memset (&oid, 0, sizeof oid);
+   memcpy (oid.bytes, data, size < 12 ? size : 12);
+   bson_init (&want);
+   BSON_APPEND_OID (&want, "_id", &oid);
+   same_filter (out, cqc_id_filter_oid (out, sizeof out, oid.bytes), &want, "oid", true);
+   bson_destroy (&want);
+
+   len = cqc_id_filter_str (out, sizeof out, (const char *) data, size);
+   if (memchr (data, 0, size) || size + CQC_ID_FILTER_FIXED > sizeof out) {
+      FUZZ_CHECK (len == 0, "a string of %zu bytes with NUL or too long was encoded", size);
+      return;
+   }
+   bson_init (&want);
+   FUZZ_CHECK (bson_append_utf8 (&want, "_id", 3, (const char *) data, (int) size),
+               "libbson refused a string of %zu bytes", size);
+   /* Python hands the encoder valid UTF-8 only; other bytes must still
+    * encode as libbson does. */
+   same_filter (out, len, &want, "str", bson_utf8_validate ((const char *) data, size, false));
+   bson_destroy (&want);
 }
 
 int
@@ -226,5 +295,6 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       walk (&it, 0);
    }
    check_key_write (data, size);
+   check_id_filters (data, size);
    return 0;
 }

@@ -266,7 +266,6 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    op_drain (w);
    op_check (w);
 
-   free (w->owner.keybuf);
    pthread_mutex_destroy (&w->lock);
    free (w->ring);
    free (w->mem);

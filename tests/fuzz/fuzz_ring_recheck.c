@@ -203,7 +203,6 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
                (unsigned long long) n, (unsigned long long) w->handed);
    check_hits (w);
 
-   free (w->owner.keybuf);
    pthread_mutex_destroy (&w->lock);
    free (w->ring);
    free (w->mem);

@@ -164,20 +164,23 @@ class Engine:
         #: The ring file belongs to the process that created it: a forked
         #: copy of this engine must not remove its parent's ring.
         self._pid = os.getpid()
-        common = dict(
-            budget_bytes=config.budget_bytes,
-            slot_count=config.effective_slot_count,
-            max_await_time_ms=config.max_await_time_ms,
+        #: What every native cache of this engine decodes with and raises.
+        self._reader = dict(
             decode=decode_bson,
             objectid_type=ObjectId,
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
         )
-        self._common = common
         if link is None:
-            self.native = _native.Cache(uri=stream_uri, **common)
+            self.native = _native.Cache.local(
+                budget_bytes=config.budget_bytes,
+                slot_count=config.effective_slot_count,
+                uri=stream_uri,
+                max_await_time_ms=config.max_await_time_ms,
+                **self._reader,
+            )
         else:
-            self.native, self._segment, self.max_entry_bytes = self._attach(link, self._deployment, common)
+            self.native, self._segment, self.max_entry_bytes = self._attach(link, self._deployment, self._reader)
         self.hooks = Hooks()
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -186,7 +189,7 @@ class Engine:
         self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
 
     @staticmethod
-    def _attach(link: OwnerLink, deployment: dict[str, Any], common: dict[str, Any]) -> tuple[Any, Path, int]:
+    def _attach(link: OwnerLink, deployment: dict[str, Any], reader: dict[str, Any]) -> tuple[Any, Path, int]:
         """Map the owner's arena, create this worker's ring and say hello:
         (the native cache, the ring's path, the owner's max entry size)."""
         segment = ring_path(link.name)
@@ -196,13 +199,11 @@ class Engine:
             ring_bytes = int(info["ring_bytes"])
             if not ring_bytes_for(0) <= ring_bytes <= 1 << 30:
                 raise SharedCacheError(f"the owner of {link.name!r} asks for a ring of {ring_bytes} bytes")
-            native = _native.Cache(
-                uri=None,
-                mode=_native.MODE_WORKER,
+            native = _native.Cache.worker(
                 arena_path=str(link.paths["arena"]),
                 segment_path=str(segment),
                 ring_bytes=ring_bytes,
-                **common,
+                **reader,
             )
             reply = link.request("hello", pid=os.getpid(), segment=str(segment), deployment=deployment)
             mine, theirs = native.geometry(), reply["geometry"]
@@ -258,7 +259,7 @@ class Engine:
         try:
             try:
                 link = self._reconnect()  # type: ignore[misc]
-                native, segment, max_entry_bytes = self._attach(link, self._deployment, self._common)
+                native, segment, max_entry_bytes = self._attach(link, self._deployment, self._reader)
             except (SharedCacheError, OSError, ValueError):
                 return
             with self._lock:

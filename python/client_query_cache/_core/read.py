@@ -207,7 +207,7 @@ class CollectionCore:
             # PyMongo runs this read in the bound session (or raises for
             # another client's): never from or into the cache.
             reason = BypassReason.SESSION
-        elif reason is None and BLOCKS.open and self.native.applied(self.ns.db_idx) < after_floor():
+        elif reason is None and BLOCKS.open and self.native.db_state(self.ns.db_idx)[2] < after_floor():
             reason = BypassReason.STREAM_BEHIND
         if reason is None:
             plan = classify()

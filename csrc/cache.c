@@ -1,0 +1,531 @@
+/*
+ * cache.c - see cache.h.
+ */
+#include "cache.h"
+#include "shm.h"
+
+#include <mongoc/mongoc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ======================================================================== */
+/* Opening                                                                  */
+/* ======================================================================== */
+
+static void
+quiet_log (mongoc_log_level_t level, const char *domain, const char *message, void *data)
+{
+   (void) level;
+   (void) domain;
+   (void) message;
+   (void) data;
+}
+
+void
+cqc_cache_init_library (void)
+{
+   mongoc_init ();
+   mongoc_log_set_handler (quiet_log, NULL);
+}
+
+/* Local and owner: format a new arena, in private memory (no arena_path)
+ * or in a new shared file. */
+static bool
+format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, const char *arena_path,
+              cqc_error_t *err)
+{
+   cqc_geometry_t geo = {.budget_bytes = cfg->budget_bytes, .slot_count = cfg->slot_count};
+   /* Written by the format, before the magic: a worker attaching at once
+    * sees them (arena.h). */
+   cqc_arena_owner_t who = {
+      .uid = (uint32_t) getuid (),
+      .pid = (uint32_t) getpid (),
+      .heartbeat_timeout_ns = arena_path ? cfg->heartbeat_timeout_ms * 1000000ull : 0,
+   };
+   uint64_t need = cqc_arena_required_bytes (&geo);
+   char msg[256];
+   void *mem;
+
+   if (cfg->arena_bytes) {
+      if (cfg->arena_bytes < need) {
+         cqc_error_set (err, CQC_ERR_VALUE,
+                        "arena_bytes (%llu) is smaller than the %llu bytes this budget and "
+                        "slot count need",
+                        (unsigned long long) cfg->arena_bytes, (unsigned long long) need);
+         return false;
+      }
+      need = cfg->arena_bytes;
+   }
+   if (arena_path) {
+      if (!(mem = cqc_shm_create (arena_path, need, err))) {
+         return false;
+      }
+   } else {
+      /* Private: pages are committed only when touched. */
+      mem = mmap (NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mem == MAP_FAILED) {
+         cqc_error_errno (err, "map", "a private arena");
+         return false;
+      }
+   }
+   if (!cqc_arena_format (&c->arena, mem, need, &geo, &who, msg, sizeof msg)) {
+      munmap (mem, need);
+      memset (&c->arena, 0, sizeof c->arena);
+      if (arena_path) {
+         unlink (arena_path);
+      }
+      cqc_error_set (err, CQC_ERR_VALUE, "%s", msg);
+      return false;
+   }
+   c->mem = mem;
+   c->mem_len = need;
+   return true;
+}
+
+/* Worker: map the owner's arena read-only, validate it, and create this
+ * worker's ring segment. */
+static bool
+attach_worker (cqc_cache_t *c, const cqc_cache_config_t *cfg, cqc_error_t *err)
+{
+   const char *path = cfg->arena_path;
+   uint64_t size = 0;
+   void *mem = NULL, *seg = NULL;
+   char msg[256];
+   bool ok = false;
+
+   if (cfg->ring_bytes < CQC_RING_DATA_OFF + 4096u || cfg->ring_bytes > (1u << 30)) {
+      cqc_error_set (err, CQC_ERR_VALUE, "ring_bytes out of range");
+      goto cleanup;
+   }
+   if (!(mem = cqc_shm_map_private (path, false, sizeof (cqc_arena_header_t), UINT64_MAX, &size,
+                                    err))) {
+      goto cleanup;
+   }
+   if (!cqc_arena_r_attach (&c->arena, mem, size, msg, sizeof msg)) {
+      cqc_error_set (err, CQC_ERR_VALUE, "cannot attach to %s: %s", path, msg);
+      goto cleanup;
+   }
+   if (c->arena.hdr->heartbeat_timeout_ns == 0) {
+      /* Every owner sets one before publishing the arena (arena.h). */
+      cqc_error_set (err, CQC_ERR_VALUE, "cannot attach to %s: it has no heartbeat timeout", path);
+      goto cleanup;
+   }
+   if (c->arena.hdr->owner_uid != (uint32_t) getuid ()) {
+      cqc_error_set (err, CQC_ERR_PERMISSION, "the arena's owner runs as uid %u, not %u",
+                     c->arena.hdr->owner_uid, (unsigned) getuid ());
+      goto cleanup;
+   }
+   if (!(seg = cqc_shm_create (cfg->segment_path, cfg->ring_bytes, err))) {
+      goto cleanup;
+   }
+   if (!cqc_ring_format (&c->ring, seg, cfg->ring_bytes, (uint32_t) getpid ())) {
+      cqc_error_set (err, CQC_ERR_VALUE, "cannot format the ring %s", cfg->segment_path);
+      munmap (seg, cfg->ring_bytes);
+      unlink (cfg->segment_path);
+      goto cleanup;
+   }
+   c->mem = mem;
+   c->mem_len = (size_t) size;
+   c->seg = seg;
+   c->seg_len = cfg->ring_bytes;
+   ok = true;
+cleanup:
+   if (!ok) {
+      if (mem) {
+         munmap (mem, (size_t) size);
+      }
+      memset (&c->arena, 0, sizeof c->arena);
+   }
+   return ok;
+}
+
+bool
+cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
+                cqc_error_t *err)
+{
+   char msg[256];
+   uint32_t dbs;
+
+   c->mode = mode;
+   pthread_mutex_init (&c->lock, NULL);
+   pthread_mutex_init (&c->threads_mu, NULL);
+   c->writer.arena = &c->arena;
+   c->writer.lock = &c->lock;
+   if (mode != CQC_MODE_LOCAL && !cfg->arena_path) {
+      cqc_error_set (err, CQC_ERR_VALUE, "a shared arena needs arena_path");
+      return false;
+   }
+   if (mode == CQC_MODE_WORKER
+          ? !attach_worker (c, cfg, err)
+          : !format_arena (c, cfg, mode == CQC_MODE_OWNER ? cfg->arena_path : NULL, err)) {
+      return false;
+   }
+   dbs = c->arena.geo.db_count;
+   c->streams = calloc (dbs, sizeof (cqc_stream_t *));
+   c->final_info = calloc (dbs, sizeof (cqc_stream_info_t));
+   /* A worker follows nothing: the owner does. */
+   c->uri = mode != CQC_MODE_WORKER && cfg->uri ? strdup (cfg->uri) : NULL;
+   if (!c->streams || !c->final_info || !cqc_floor_init (&c->floor, dbs) ||
+       (mode != CQC_MODE_WORKER && cfg->uri && !c->uri)) {
+      cqc_error_set (err, CQC_ERR_MEMORY, "out of memory");
+      return false;
+   }
+   c->max_await_ms = cfg->max_await_ms;
+   if (mode == CQC_MODE_OWNER && !(c->owner = cqc_owner_start (&c->writer, msg, sizeof msg))) {
+      cqc_error_set (err, CQC_ERR_RUNTIME, "%s", msg);
+      return false;
+   }
+   return true;
+}
+
+/* ======================================================================== */
+/* Stopping and releasing                                                   */
+/* ======================================================================== */
+
+void
+cqc_cache_stop (cqc_cache_t *c)
+{
+   uint32_t i, n = c->arena.hdr ? c->arena.geo.db_count : 0;
+   cqc_stream_info_t info;
+   cqc_owner_t *owner;
+
+   for (i = 0; i < n && c->streams; i++) {
+      pthread_mutex_lock (&c->threads_mu);
+      if (c->streams[i]) {
+         cqc_stream_signal_stop (c->streams[i]);
+      }
+      pthread_mutex_unlock (&c->threads_mu);
+   }
+   for (i = 0; i < n && c->streams; i++) {
+      cqc_stream_t *st;
+      pthread_mutex_lock (&c->threads_mu);
+      st = c->streams[i];
+      c->streams[i] = NULL;
+      pthread_mutex_unlock (&c->threads_mu);
+      if (st) {
+         cqc_stream_destroy_keep_info (st, &info);
+         info.state = CQC_STREAM_CLOSED;
+         pthread_mutex_lock (&c->threads_mu);
+         c->final_info[i] = info;
+         pthread_mutex_unlock (&c->threads_mu);
+      }
+   }
+   pthread_mutex_lock (&c->threads_mu);
+   c->stopped = true;
+   owner = c->owner;
+   c->owner = NULL;
+   pthread_mutex_unlock (&c->threads_mu);
+   cqc_owner_destroy (owner);
+}
+
+void
+cqc_cache_release (cqc_cache_t *c, bool threads)
+{
+   if (threads) {
+      cqc_cache_stop (c);
+      pthread_mutex_destroy (&c->lock);
+      pthread_mutex_destroy (&c->threads_mu);
+   }
+   if (c->seg) {
+      munmap (c->seg, c->seg_len);
+   }
+   if (c->mem) {
+      munmap (c->mem, c->mem_len);
+   }
+   free (c->streams);
+   free (c->final_info);
+   cqc_floor_free (&c->floor);
+   if (c->uri) {
+      memset (c->uri, 0, strlen (c->uri));
+      free (c->uri);
+   }
+   memset (c, 0, sizeof *c);
+}
+
+/* ======================================================================== */
+/* Registration                                                             */
+/* ======================================================================== */
+
+bool
+cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *coll,
+                    size_t coll_len, uint32_t *ns_idx, uint32_t *db_idx, cqc_error_t *err)
+{
+   cqc_stream_t *st = NULL;
+   char msg[256];
+   bool ok;
+
+   if (c->mode == CQC_MODE_WORKER) {
+      cqc_error_set (err, CQC_ERR_RUNTIME, "a worker registers namespaces through its owner");
+      return false;
+   }
+   pthread_mutex_lock (&c->lock);
+   ok = cqc_arena_w_ns_register (&c->arena, db, db_len, coll, coll_len, ns_idx, msg, sizeof msg);
+   if (ok) {
+      *db_idx = c->arena.nss[*ns_idx].db_idx;
+   }
+   pthread_mutex_unlock (&c->lock);
+   if (!ok) {
+      cqc_error_set (err, CQC_ERR_VALUE, "%s", msg);
+      return false;
+   }
+   pthread_mutex_lock (&c->threads_mu);
+   if (c->uri && !c->stopped && !c->streams[*db_idx]) {
+      st = c->streams[*db_idx] = cqc_stream_start (&c->writer, *db_idx, c->arena.dbs[*db_idx].name,
+                                                   c->uri, c->max_await_ms, msg, sizeof msg);
+      ok = st != NULL;
+   }
+   pthread_mutex_unlock (&c->threads_mu);
+   if (!ok) {
+      cqc_error_set (err, CQC_ERR_RUNTIME, "%s", msg);
+   }
+   return ok;
+}
+
+/* ======================================================================== */
+/* Reads and admissions                                                     */
+/* ======================================================================== */
+
+cqc_served_t
+cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
+                  const uint8_t *filter, uint32_t flen, cqc_alloc_fn alloc,
+                  cqc_discard_fn discard, void *ctx)
+{
+   bool stalled, behind;
+   cqc_lookup_t r;
+   uint64_t hash;
+
+   if (cqc_arena_r_db_state (&c->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
+      c->unhealthy++;
+      return CQC_SERVE_UNHEALTHY;
+   }
+   /* The causal floor (floor.h), checked before the lookup: an entry found
+    * behind it may be older than what the process has seen and is not
+    * served; a miss still is one (its read goes to MongoDB and is
+    * admitted). */
+   hash = cqc_hash_bytes (k->buf, k->len, 0);
+   behind = cqc_floor_behind (&c->floor, &c->arena, ns_idx, db_idx, hash, filter, flen);
+   r = cqc_arena_r_lookup (&c->arena, ns_idx, hash, k->buf, k->len, alloc, discard, ctx);
+   if (r == CQC_LOOKUP_MISS) {
+      c->misses++;
+      return CQC_SERVE_MISS;
+   }
+   if (behind) {
+      if (r == CQC_LOOKUP_HIT) {
+         discard (ctx);
+      }
+      c->behind++;
+      return CQC_SERVE_BEHIND;
+   }
+   c->hits++;
+   if (r == CQC_LOOKUP_NOT_FOUND) {
+      c->not_found_hits++;
+      return CQC_SERVE_NOT_FOUND;
+   }
+   return CQC_SERVE_HIT;
+}
+
+bool
+cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter, uint32_t flen,
+                   cqc_token_t *tok)
+{
+   uint32_t cell = CQC_NO_CELL;
+   uint64_t id_hash;
+
+   if (cqc_filter_identity (filter, flen, &id_hash)) {
+      cell = cqc_id_cell (id_hash, ns_idx, c->arena.geo.idgen_count);
+   }
+   cqc_arena_r_capture (&c->arena, ns_idx, cell, tok);
+   return tok->healthy != 0;
+}
+
+/* A worker's admission: checked as the owner will check it, then pushed to
+ * the ring. *key_hash is set when memo_floor asks for it. */
+static int
+push_admission (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
+                uint64_t *key_hash)
+{
+   cqc_key_t k;
+
+   if (!cqc_admission_valid (&c->arena, adm)) {
+      return CQC_ADMIT_INVALID;
+   }
+   if (cqc_ring_push (&c->ring, adm->kind, adm->not_found, &adm->token, adm->filter, adm->flen,
+                      adm->rest, adm->rlen, adm->value, adm->vlen) != CQC_RING_PUSHED) {
+      return CQC_ADMIT_DROPPED;
+   }
+   if (memo_floor && cqc_admission_key (adm, &k) == CQC_KEY_OK) {
+      *key_hash = cqc_hash_bytes (k.buf, k.len, 0);
+      cqc_key_free (&k);
+   }
+   return CQC_ADMIT_QUEUED;
+}
+
+int
+cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor)
+{
+   uint64_t key_hash = 0;
+   int r = c->mode == CQC_MODE_WORKER ? push_admission (c, adm, memo_floor, &key_hash)
+                                      : cqc_admit (&c->writer, adm, &key_hash);
+
+   if ((r == CQC_ADMIT_OK || r == CQC_ADMIT_QUEUED) && key_hash) {
+      cqc_floor_memo (&c->floor, adm->token.db_idx, key_hash, memo_floor);
+   }
+   return r;
+}
+
+/* ======================================================================== */
+/* Reports                                                                  */
+/* ======================================================================== */
+
+size_t
+cqc_cache_stats (cqc_cache_t *c, cqc_stat_t out[CQC_STATS_MAX])
+{
+   cqc_arena_header_t h;
+   cqc_owner_stats_t os = {0};
+   size_t n = 0;
+
+   if (c->mode == CQC_MODE_WORKER) {
+      memcpy (&h, c->arena.hdr, sizeof h); /* the owner's counters, racy */
+      /* The producer's own counts, not the segment's copy of them. */
+      out[n++] = (cqc_stat_t){"ring_pushed", c->ring.pushed};
+      out[n++] = (cqc_stat_t){"ring_dropped", c->ring.dropped};
+      out[n++] = (cqc_stat_t){"ring_damaged", c->ring.damaged};
+   } else {
+      pthread_mutex_lock (&c->lock);
+      memcpy (&h, c->arena.hdr, sizeof h);
+      pthread_mutex_unlock (&c->lock);
+   }
+   pthread_mutex_lock (&c->threads_mu);
+   if (c->owner) {
+      cqc_owner_get_stats (c->owner, &os);
+   }
+   pthread_mutex_unlock (&c->threads_mu);
+   if (c->mode == CQC_MODE_OWNER) {
+      out[n++] = (cqc_stat_t){"attached_rings", os.rings};
+      out[n++] = (cqc_stat_t){"ring_records", os.records};
+      out[n++] = (cqc_stat_t){"ring_dropped", os.dropped};
+      out[n++] = (cqc_stat_t){"ring_malformed", os.malformed};
+      out[n++] = (cqc_stat_t){"ring_damaged", os.damaged};
+   }
+   {
+      const cqc_stat_t all[] = {
+         {"owner_pid", h.owner_pid},
+         {"created_ns", h.created_ns},
+         {"heartbeat_ns", h.heartbeat_ns},
+         {"hits", c->hits},
+         {"not_found_hits", c->not_found_hits},
+         {"misses", c->misses},
+         {"unhealthy_lookups", c->unhealthy},
+         {"behind_lookups", c->behind},
+         {"admissions", h.admissions},
+         {"rejected_stale", h.rejected_stale},
+         {"rejected_unhealthy", h.rejected_health},
+         {"rejected_too_large", h.rejected_size},
+         {"rejected_no_slot", h.rejected_probe},
+         {"rejected_conflict", h.rejected_conflict},
+         {"evictions", h.evictions},
+         {"invalidations", h.invalidations},
+         {"used_bytes", h.used_bytes},
+         {"budget_bytes", h.geo.budget_bytes},
+         {"entries", h.entries},
+         {"slot_count", h.geo.slot_count},
+         {"arena_bytes", h.arena_bytes},
+      };
+      _Static_assert (sizeof all / sizeof all[0] + 5 <= CQC_STATS_MAX, "CQC_STATS_MAX");
+      memcpy (out + n, all, sizeof all);
+      n += sizeof all / sizeof all[0];
+   }
+   return n;
+}
+
+bool
+cqc_cache_db_report (cqc_cache_t *c, uint32_t db_idx, cqc_db_report_t *out)
+{
+   const cqc_db_t *db;
+   cqc_stream_state_t seen;
+
+   if (!c->arena.hdr || db_idx >= c->arena.geo.db_count || !c->arena.dbs[db_idx].used) {
+      return false;
+   }
+   db = &c->arena.dbs[db_idx];
+   memset (out, 0, sizeof *out);
+   out->info.state = CQC_STREAM_NOT_STARTED;
+   seen = cqc_arena_r_db_state (&c->arena, db_idx, &out->stalled);
+   out->stalled = out->stalled && seen != CQC_STREAM_HEALTHY;
+   pthread_mutex_lock (&c->threads_mu);
+   if (c->streams[db_idx]) {
+      cqc_stream_get_info (c->streams[db_idx], &out->info);
+   } else if (c->stopped && c->mode != CQC_MODE_WORKER) {
+      out->info = c->final_info[db_idx];
+      out->info.state = CQC_STREAM_CLOSED;
+   }
+   pthread_mutex_unlock (&c->threads_mu);
+   if (c->mode == CQC_MODE_WORKER) {
+      /* The owner's followers, as published in the arena. */
+      out->info.state = (cqc_stream_state_t) __atomic_load_n (&db->health, __ATOMIC_ACQUIRE);
+      if (out->info.state > CQC_STREAM_CLOSED) {
+         out->info.state = CQC_STREAM_FAILED;
+      }
+      out->info.events = __atomic_load_n (&db->events, __ATOMIC_ACQUIRE);
+      out->info.reconnects = db->reconnects;
+      out->info.history_lost = db->history_lost;
+   }
+   /* The name is read from the arena: bounded, never trusted to end. */
+   out->name_len = db->name_len < CQC_DB_NAME_MAX ? db->name_len : 0;
+   memcpy (out->name, db->name, out->name_len);
+   out->incarnation = __atomic_load_n (&db->incarnation, __ATOMIC_ACQUIRE);
+   out->applied = cqc_arena_r_applied (&c->arena, db_idx);
+   return true;
+}
+
+uint32_t
+cqc_cache_attach_ring (cqc_cache_t *c, const char *path, cqc_error_t *err)
+{
+   char msg[256];
+   uint32_t id = 0;
+
+   pthread_mutex_lock (&c->threads_mu);
+   if (!c->owner) {
+      cqc_error_set (err, CQC_ERR_RUNTIME, "only a running owner drains rings");
+   } else if (!(id = cqc_owner_attach (c->owner, path, msg, sizeof msg))) {
+      cqc_error_set (err, CQC_ERR_VALUE, "%s", msg);
+   }
+   pthread_mutex_unlock (&c->threads_mu);
+   return id;
+}
+
+void
+cqc_cache_detach_ring (cqc_cache_t *c, uint32_t id)
+{
+   pthread_mutex_lock (&c->threads_mu);
+   if (c->owner) {
+      cqc_owner_detach (c->owner, id);
+   }
+   pthread_mutex_unlock (&c->threads_mu);
+}
+
+const char *
+cqc_cache_state_name (cqc_stream_state_t st)
+{
+   static const char *const names[] = {
+      [CQC_STREAM_NOT_STARTED] = "not_started", [CQC_STREAM_CONNECTING] = "connecting",
+      [CQC_STREAM_HEALTHY] = "healthy",         [CQC_STREAM_RECONNECTING] = "reconnecting",
+      [CQC_STREAM_FAILED] = "failed",           [CQC_STREAM_CLOSED] = "closed",
+   };
+   return (unsigned) st < sizeof names / sizeof names[0] && names[st] ? names[st] : "closed";
+}
+
+void
+cqc_cache_ns_epoch (const cqc_cache_t *c, uint32_t ns_idx, uint64_t *epoch,
+                    uint32_t *incarnation)
+{
+   const cqc_ns_t *ns = &c->arena.nss[ns_idx];
+   uint32_t db_idx = ns->db_idx;
+
+   *epoch = __atomic_load_n (&ns->epoch, __ATOMIC_ACQUIRE);
+   *incarnation = db_idx < c->arena.geo.db_count
+                     ? __atomic_load_n (&c->arena.dbs[db_idx].incarnation, __ATOMIC_ACQUIRE)
+                     : 0;
+}

@@ -1,0 +1,95 @@
+/*
+ * floor.h - the causal floor: what a process may be served, given what it
+ * has already read and written (DESIGN.md, rule 7).
+ *
+ * Kept per process and per database, in two parts (cqc_floor_observe): the
+ * highest cluster time the process has observed from the database, and, on
+ * a deployment of one member, the CLOCK_MONOTONIC time it observed it at (0
+ * elsewhere). An entry found by a lookup is served only once the database's
+ * applied time (cqc_db_t.applied_ts) has reached the first, or a stream
+ * round that began after the second came back empty (cqc_db_t.quiet_ns); so
+ * a process never reads a version older than one it has already been
+ * given. Floors are raised, never lowered.
+ *
+ * Two refinements keep the floor from refusing what it need not:
+ *  - Own misses (the memo). On a deployment of one member, a miss whose own
+ *    read is the newest thing the process observed from its database
+ *    reflects everything the process has seen there: its entry may be
+ *    served while the floor it raised is unchanged, before the stream
+ *    catches up. MEMO_WAYS entries per bucket, matched by the key's 64-bit
+ *    hash; an entry whose floor is no longer its database's is free.
+ *  - One-document writes (pending). A write through a view to one document
+ *    ({"_id": v}) tells the process nothing about other documents: instead
+ *    of the database's floor it holds back only the entries that may depend
+ *    on that document (its identity cell's, and every entry of its
+ *    namespace that is not an identity entry) until the stream has applied
+ *    it. Up to CQC_PENDING_MAX at once; beyond, the caller raises the floor.
+ *
+ * Process-private memory, changed and read by one thread at a time (the
+ * binding holds the GIL). The arena is read through cqc_arena_r_* only.
+ */
+#ifndef CQC_FLOOR_H
+#define CQC_FLOOR_H
+
+#include "arena.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CQC_MEMO_BUCKETS 1024u
+#define CQC_MEMO_WAYS 8u
+#define CQC_PENDING_MAX 64u
+
+typedef struct {
+   uint64_t hash;
+   uint64_t floor_ts;
+   uint32_t db_idx;
+   uint32_t used;
+} cqc_memo_t;
+
+typedef struct {
+   uint64_t ts;    /* the write's cluster time (the client's, after it) */
+   uint64_t quiet; /* CLOCK_MONOTONIC after it, one-member proof (0: none) */
+   uint32_t db_idx;
+   uint32_t ns_idx;
+   uint32_t cell; /* the document's identity cell */
+   uint32_t used;
+} cqc_pending_t;
+
+typedef struct {
+   uint32_t db_count;
+   uint64_t *ts; /* by db_idx */
+   uint64_t *ns; /* by db_idx */
+   cqc_memo_t *memo; /* CQC_MEMO_BUCKETS * CQC_MEMO_WAYS */
+   uint32_t memo_next; /* the way replaced when a bucket has none free */
+   uint32_t pending_used;
+   cqc_pending_t pending[CQC_PENDING_MAX];
+} cqc_floor_t;
+
+/* Allocate the floors of db_count databases, all zero. */
+bool cqc_floor_init (cqc_floor_t *f, uint32_t db_count);
+void cqc_floor_free (cqc_floor_t *f);
+
+/* Raise the database's floor to cluster time `ts` ((seconds << 32) |
+ * increment) observed at `ns` (0: no one-member proof). */
+void cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns);
+
+/* Record a write of this process to the one document {"_id": v} of ns_idx
+ * (`filter`). False when the filter is not an identity filter or no slot
+ * is free: the caller then raises the database's floor instead. */
+bool cqc_floor_observe_id (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx,
+                           uint32_t ns_idx, const uint8_t *filter, uint32_t flen, uint64_t ts,
+                           uint64_t ns);
+
+/* Whether an entry found under this key (hash, namespace, filter) may be
+ * older than what the process has observed, and so must not be served.
+ * Reads the database's applied and quiet times (acquire): the lookup made
+ * after this call sees every invalidation they cover. */
+bool cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
+                       uint64_t key_hash, const uint8_t *filter, uint32_t flen);
+
+/* Remember a key this process's own miss admitted, with the database floor
+ * its read stands for (0: none; see the memo above). */
+void cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts);
+
+#endif
