@@ -146,7 +146,7 @@ def async_manager(make_async_manager: Callable[..., AsyncCacheManager]) -> Async
     return make_async_manager()
 
 
-# -- one test, both APIs ------------------------------------------------------------
+# -- one test, both APIs -------------------------------------------------------
 
 @pytest.fixture(params=["sync", "async"])
 async def d(request: pytest.FixtureRequest, server_uri: str) -> AsyncIterator[Driver]:

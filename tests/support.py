@@ -141,7 +141,7 @@ async def async_served(
         await asyncio.sleep(0.01)
 
 
-# -- one test, both APIs ------------------------------------------------------------
+# -- one test, both APIs --------------------------------------------------------
 
 
 async def resolve(x: Any) -> Any:

@@ -692,7 +692,7 @@ async def test_a_bypassed_read_counts_its_reason_and_behaves_like_pymongo(ctx, c
     assert got == expected
 
 
-# -- wrapping ---------------------------------------------------------------------
+# -- wrapping -------------------------------------------------------------------
 
 
 async def test_attribute_access_on_a_cached_database_returns_a_cached_collection(d, client, db_name):
