@@ -20,9 +20,7 @@ import pymongo
 from client_query_cache import (
     AsyncCacheManager,
     AsyncCachedCollection,
-    AsyncCachedCursor,
     BypassReason,
-    CachedCursor,
     CachedCollection,
     CacheManager,
     StreamSnapshot,
@@ -167,7 +165,6 @@ class Driver:
         self.Client: type = pymongo.AsyncMongoClient if self.is_async else pymongo.MongoClient
         self.Manager: type = AsyncCacheManager if self.is_async else CacheManager
         self.Collection: type = AsyncCachedCollection if self.is_async else CachedCollection
-        self.Cursor: type = AsyncCachedCursor if self.is_async else CachedCursor
         self.managers: list[Any] = []
         self.clients: list[Any] = []
 
@@ -199,7 +196,9 @@ class Driver:
         )
         return view
 
-    async def served(self, cache: Any, read: Callable[[], Any], *, what: str = "the read is served from the cache") -> Any:
+    async def served(
+        self, cache: Any, read: Callable[[], Any], *, what: str = "the read is served from the cache"
+    ) -> Any:
         """Repeat ``read`` until the cache serves it (a miss admits, and a
         floor the stream has not reached yet makes a read bypass); its
         result."""
