@@ -1,7 +1,8 @@
 """Shared fixtures: one database server per test session, a client per test,
 cache managers closed at teardown (helpers for polling are in support.py).
 The async fixtures (pytest-asyncio, ``asyncio_mode = "auto"``) mirror the sync
-ones with an ``AsyncMongoClient`` bound to the test's event loop.
+ones with an ``AsyncMongoClient`` bound to the test's event loop; the ``d``
+fixture runs a test written once with each API (see support.Driver).
 
 The server is a disposable local SecantusDB, or the deployment named by the
 environment variable MONGODB_URI (see client_query_cache.testing).
@@ -22,7 +23,7 @@ import pytest
 
 from client_query_cache import AsyncCacheManager, CacheManager
 from client_query_cache.testing import disposable_uri
-from support import TEST_MAX_AWAIT_MS
+from support import TEST_MAX_AWAIT_MS, Driver
 
 
 @pytest.fixture
@@ -143,3 +144,17 @@ def async_manager(make_async_manager: Callable[..., AsyncCacheManager]) -> Async
     """An async manager over ``async_client`` with the test settings, closed
     at teardown."""
     return make_async_manager()
+
+
+# -- one test, both APIs -------------------------------------------------------
+
+@pytest.fixture(params=["sync", "async"])
+async def d(request: pytest.FixtureRequest, server_uri: str) -> AsyncIterator[Driver]:
+    """The test runs twice, with the sync API (``CacheManager`` over a
+    ``MongoClient``) and with the async one: test ids say ``sync``/``async``.
+    What the driver made is closed at teardown."""
+    driver = Driver(request.param, server_uri)
+    try:
+        yield driver
+    finally:
+        await driver.close()

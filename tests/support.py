@@ -8,9 +8,10 @@ sleeping a fixed time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -138,6 +139,113 @@ async def async_served(
         await asyncio.sleep(0.01)
 
 
+# -- one test, both APIs --------------------------------------------------------
+
+
+async def resolve(x: Any) -> Any:
+    """``x`` itself, or what it gives when awaited: the value of a call of
+    either API."""
+    return await x if inspect.isawaitable(x) else x
+
+
+class Driver:
+    """One API (sync or async) for a test written once and run with both (the
+    ``d`` fixture): ``await d.r(call)`` resolves a call of either API, and the
+    attributes name the driver's PyMongo client and cache classes.
+
+    Managers and clients made with ``client()`` and ``manager()`` are closed
+    at teardown. Documents are seeded, and "another application" writes, with
+    the sync fixtures (``client``, ``other_client``) whatever the driver."""
+
+    def __init__(self, name: str, server_uri: str) -> None:
+        assert name in ("sync", "async"), name
+        self.name = name
+        self.is_async = name == "async"
+        self.uri = server_uri
+        self.Client: type = pymongo.AsyncMongoClient if self.is_async else pymongo.MongoClient
+        self.Manager: type = AsyncCacheManager if self.is_async else CacheManager
+        self.Collection: type = AsyncCachedCollection if self.is_async else CachedCollection
+        self.managers: list[Any] = []
+        self.clients: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"Driver({self.name!r})"
+
+    r = staticmethod(resolve)
+
+    def client(self, **options: Any) -> Any:
+        """A new PyMongo client of this driver, closed at teardown."""
+        mongo = self.Client(self.uri, **options)
+        self.clients.append(mongo)
+        return mongo
+
+    def manager(self, client: Any = None, **options: Any) -> Any:
+        """A manager of this driver over ``client`` (a new client if none) with
+        the test settings, closed at teardown."""
+        options.setdefault("max_await_time_ms", TEST_MAX_AWAIT_MS)
+        cache = self.Manager(self.client() if client is None else client, **options)
+        self.managers.append(cache)
+        return cache
+
+    async def ready(self, cache: Any, db: str, coll: str = "items", **options: Any) -> Any:
+        """Wrap ``db.coll`` (registering it starts its stream) and wait until
+        its database's stream serves."""
+        view = cache[db].get_collection(coll, **options)
+        assert await resolve(cache.wait_ready(DEADLINE_S, database=db)), (
+            f"the change stream of {db!r} did not become ready: {cache.snapshot()!r}"
+        )
+        return view
+
+    async def served(
+        self, cache: Any, read: Callable[[], Any], *, what: str = "the read is served from the cache"
+    ) -> Any:
+        """Repeat ``read`` until the cache serves it (a miss admits, and a
+        floor the stream has not reached yet makes a read bypass); its
+        result."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            hits = cache.snapshot().hits
+            result = await resolve(read())
+            if cache.snapshot().hits > hits:
+                return result
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"timed out after {DEADLINE_S:g} s waiting until {what}: {cache.snapshot()!r}")
+            await asyncio.sleep(0.01)
+
+    async def wait_until(self, predicate: Callable[[], Any], *, timeout: float = DEADLINE_S, what: str) -> Any:
+        """``wait_until`` for either API: ``predicate`` may return an
+        awaitable (an ``async def`` predicate, or a call of the async API)."""
+        return await async_wait_until(predicate, timeout=timeout, what=what)
+
+    async def docs(self, cursor: Any) -> list[Any]:
+        """Every document of a find or aggregate cursor (``aggregate`` of the
+        async API is a coroutine that gives the cursor)."""
+        cursor = await resolve(cursor)
+        if self.is_async:
+            return await cursor.to_list(None)
+        return list(cursor)
+
+    @contextlib.asynccontextmanager
+    async def using(self, cm: Any) -> AsyncIterator[Any]:
+        """Enter ``cm`` with ``with`` (sync) or ``async with`` (async)."""
+        if self.is_async:
+            async with cm as entered:
+                yield entered
+        else:
+            with cm as entered:
+                yield entered
+
+    def bound(self, session: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``session.bind()``, entered (the session is not ended on exit)."""
+        return self.using(session.bind(end_session=False))
+
+    async def close(self) -> None:
+        for cache in self.managers:
+            await resolve(cache.close())
+        for mongo in self.clients:
+            await resolve(mongo.close())
+
+
 def bypass_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """Per-reason increase of the bypass counters between two snapshots."""
     keys = set(before) | set(after)
@@ -153,10 +261,11 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
         return ("raised", type(exc), getattr(exc, "code", None))
 
 
-async def async_outcome(call: Callable[[], Awaitable[Any]]) -> tuple[Any, ...]:
-    """``outcome`` of an async read (the awaitable ``call()`` returns)."""
+async def async_outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
+    """``outcome`` of a read of either API (``call()`` may return an
+    awaitable: what it gives is the result)."""
     try:
-        return ("returned", await call())
+        return ("returned", await resolve(call()))
     except Exception as exc:  # noqa: BLE001 - comparing behaviours
         return ("raised", type(exc), getattr(exc, "code", None))
 

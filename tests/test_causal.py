@@ -18,11 +18,9 @@ applies nothing.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,15 +31,9 @@ from pymongo.client_session import ClientSession
 from pymongo.errors import InvalidOperation, OperationFailure
 
 from benchmarks._proxy import FaultProxy
-from client_query_cache import (
-    AsyncCacheManager,
-    BypassReason,
-    CacheConfigurationError,
-    CacheManager,
-    CausalListener,
-)
+from client_query_cache import BypassReason, CacheConfigurationError, CausalListener
 from client_query_cache.testing import external_uri
-from support import DEADLINE_S, TEST_MAX_AWAIT_MS, bypass_delta
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, Driver, bypass_delta
 
 pytestmark = pytest.mark.skipif(
     not hasattr(ClientSession, "bind"), reason="ClientSession.bind() needs PyMongo 4.17"
@@ -49,84 +41,6 @@ pytestmark = pytest.mark.skipif(
 
 SESSION = BypassReason.SESSION.value
 BEHIND = BypassReason.STREAM_BEHIND.value
-
-
-async def _value(x: Any) -> Any:
-    return await x if inspect.isawaitable(x) else x
-
-
-class Driver:
-    """One API (sync or async) for tests written once: ``await d.r(call)``
-    resolves a call of either API."""
-
-    def __init__(self, name: str, server_uri: str) -> None:
-        self.name = name
-        self.uri = server_uri
-        self.managers: list[Any] = []
-        self.clients: list[Any] = []
-
-    def client(self, **options: Any) -> Any:
-        cls = pymongo.MongoClient if self.name == "sync" else pymongo.AsyncMongoClient
-        mongo = cls(self.uri, **options)
-        self.clients.append(mongo)
-        return mongo
-
-    def manager(self, client: Any, **options: Any) -> Any:
-        options.setdefault("max_await_time_ms", TEST_MAX_AWAIT_MS)
-        cls = CacheManager if self.name == "sync" else AsyncCacheManager
-        cache = cls(client, **options)
-        self.managers.append(cache)
-        return cache
-
-    r = staticmethod(_value)
-
-    async def ready(self, cache: Any, db: str, coll: str = "items") -> Any:
-        view = cache[db][coll]  # registers the namespace: its stream starts
-        assert await _value(cache.wait_ready(DEADLINE_S, database=db)), cache.snapshot()
-        return view
-
-    async def served(self, cache: Any, read: Callable[[], Any]) -> Any:
-        """Repeat ``read`` until the cache serves it (a miss admits, and a
-        floor the stream has not reached yet makes a read bypass); its
-        result."""
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            hits = cache.snapshot().hits
-            result = await _value(read())
-            if cache.snapshot().hits > hits:
-                return result
-            assert time.monotonic() < deadline, cache.snapshot()
-            await _value(asyncio.sleep(0.01) if self.name == "async" else None)
-
-    async def docs(self, cursor: Any) -> list[Any]:
-        cursor = await _value(cursor)
-        if self.name == "sync":
-            return list(cursor)
-        return await cursor.to_list(None)
-
-    @contextlib.asynccontextmanager
-    async def bound(self, session: Any) -> AsyncIterator[Any]:
-        if self.name == "sync":
-            with session.bind(end_session=False) as s:
-                yield s
-        else:
-            async with session.bind(end_session=False) as s:
-                yield s
-
-    async def close(self) -> None:
-        for cache in self.managers:
-            await _value(cache.close())
-        for mongo in self.clients:
-            await _value(mongo.close())
-
-
-@pytest.fixture(params=["sync", "async"])
-async def d(request: pytest.FixtureRequest, server_uri: str) -> AsyncIterator[Driver]:
-    driver = Driver(request.param, server_uri)
-    try:
-        yield driver
-    finally:
-        await driver.close()
 
 
 @pytest.fixture

@@ -1,4 +1,8 @@
-"""A manager's life: configuration errors, close, and use after fork()."""
+"""A manager's life, with the sync and the async API alike (the ``d`` fixture
+runs each test with both): close (``close()``, ``with`` / ``async with``),
+reads after close, configuration errors; and, for the sync API only, use
+after fork(). Cancellation and closing while async reads are in flight are
+in test_async_cancellation.py."""
 
 from __future__ import annotations
 
@@ -14,102 +18,118 @@ import pymongo
 import pytest
 
 from client_query_cache import (
+    AsyncCacheManager,
     CacheClosedError,
     CacheConfigurationError,
     CacheForkedError,
     CacheManager,
     StreamState,
 )
-from support import connections_named, ready_collection, wait_until, with_app_name
+from support import Driver, connections_named, ready_collection, with_app_name
 
 MiB = 1024 * 1024
 
 
-def _seeded(manager: CacheManager, client: pymongo.MongoClient, db_name: str) -> Any:
+async def _seeded(d: Driver, cache: Any, client: pymongo.MongoClient, db_name: str) -> Any:
+    """Insert {_id: 1, v: 1} (sync client), wrap it, read it twice (a hit)."""
     client[db_name].items.insert_one({"_id": 1, "v": 1})
-    coll = ready_collection(manager, db_name, "items")
-    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
-    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
-    assert manager.snapshot().hits >= 1
+    coll = await d.ready(cache, db_name)
+    assert await d.r(coll.find_one({"_id": 1})) == {"_id": 1, "v": 1}
+    hits = cache.snapshot().hits
+    assert await d.r(coll.find_one({"_id": 1})) == {"_id": 1, "v": 1}
+    assert cache.snapshot().hits == hits + 1
     return coll
 
 
 # -- close ----------------------------------------------------------------------
 
 
-def test_close_is_idempotent(client, db_name):
-    cache = CacheManager(client, max_await_time_ms=200)
-    _seeded(cache, client, db_name)
+async def test_close_is_idempotent(d, client, db_name):
+    cache = d.manager()
+    await _seeded(d, cache, client, db_name)
     assert not cache.closed
 
-    cache.close()
-    cache.close()
+    await d.r(cache.close())
+    await d.r(cache.close())
 
     assert cache.closed
     assert [s.state for s in cache.snapshot().streams] == [StreamState.CLOSED]
 
 
-def test_the_context_manager_closes_the_manager(client, db_name):
-    with CacheManager(client, max_await_time_ms=200) as cache:
-        coll = _seeded(cache, client, db_name)
+async def test_the_context_manager_closes_the_manager(d, client, db_name):
+    async with d.using(d.Manager(d.client(), max_await_time_ms=200)) as cache:
+        assert isinstance(cache, d.Manager)
+        coll = await _seeded(d, cache, client, db_name)
         assert not cache.closed
     assert cache.closed
+    assert [s.state for s in cache.snapshot().streams] == [StreamState.CLOSED]
     with pytest.raises(CacheClosedError):
-        coll.find_one({"_id": 1})
+        await d.r(coll.find_one({"_id": 1}))
 
 
-def test_the_context_manager_closes_the_manager_when_the_block_raises(client, db_name):
+async def test_the_context_manager_closes_the_manager_when_the_block_raises(d, client, db_name):
     with pytest.raises(KeyError):
-        with CacheManager(client, max_await_time_ms=200) as cache:
-            _seeded(cache, client, db_name)
+        async with d.using(d.Manager(d.client(), max_await_time_ms=200)) as cache:
+            await _seeded(d, cache, client, db_name)
             raise KeyError("boom")
     assert cache.closed
 
 
-_READS: dict[str, Callable[[Any], Any]] = {
-    "find_one_by_id": lambda c: c.find_one({"_id": 1}),
-    "find_one_cached_id_type": lambda c: c.find_one({"_id": 1.0}),
-    "find_one_by_value": lambda c: c.find_one(1),
-    "find_one_not_identity": lambda c: c.find_one({"v": 1}),
-    "find_one_with_sort": lambda c: c.find_one({"_id": 1}, sort=[("v", 1)]),
-    "find": lambda c: list(c.find({})),
-    "aggregate": lambda c: list(c.aggregate([])),
-    "count_documents": lambda c: c.count_documents({}),
-    "estimated_document_count": lambda c: c.estimated_document_count(),
-    "distinct": lambda c: c.distinct("v"),
+async def test_close_leaves_the_client_open(d, client, db_name):
+    mongo = d.client()
+    cache = d.manager(mongo)
+    await _seeded(d, cache, client, db_name)
+    await d.r(cache.close())
+    assert await d.r(mongo[db_name].items.find_one({"_id": 1})) == {"_id": 1, "v": 1}
+
+
+_READS: dict[str, Callable[[Driver, Any], Any]] = {
+    "find_one_by_id": lambda d, c: d.r(c.find_one({"_id": 1})),
+    "find_one_cached_id_type": lambda d, c: d.r(c.find_one({"_id": 1.0})),
+    "find_one_by_value": lambda d, c: d.r(c.find_one(1)),
+    "find_one_not_identity": lambda d, c: d.r(c.find_one({"v": 1})),
+    "find_one_with_sort": lambda d, c: d.r(c.find_one({"_id": 1}, sort=[("v", 1)])),
+    "find": lambda d, c: d.docs(c.find({})),
+    "aggregate": lambda d, c: d.docs(c.aggregate([])),
+    "count_documents": lambda d, c: d.r(c.count_documents({})),
+    "estimated_document_count": lambda d, c: d.r(c.estimated_document_count()),
+    "distinct": lambda d, c: d.r(c.distinct("v")),
 }
 
 
 @pytest.mark.parametrize("read", sorted(_READS))
-def test_a_read_after_close_raises_cache_closed_error(client, db_name, read):
-    cache = CacheManager(client, max_await_time_ms=200)
-    coll = _seeded(cache, client, db_name)
-    assert _READS[read](coll) is not None  # works while open
-    cache.close()
+async def test_a_read_after_close_raises_cache_closed_error(d, client, db_name, read):
+    mongo = d.client()
+    cache = d.manager(mongo)
+    coll = await _seeded(d, cache, client, db_name)
+    # While open it returns what PyMongo returns.
+    assert await _READS[read](d, coll) == await _READS[read](d, mongo[db_name].items)
+    await d.r(cache.close())
     bypasses = dict(cache.snapshot().bypasses)
 
     with pytest.raises(CacheClosedError):
-        _READS[read](coll)
+        await _READS[read](d, coll)
 
     assert dict(cache.snapshot().bypasses) == bypasses  # nothing went to MongoDB
 
 
-def test_wrapping_a_new_collection_after_close_raises_cache_closed_error(client, db_name):
-    cache = CacheManager(client, max_await_time_ms=200)
-    cache.close()
+async def test_wrapping_a_new_collection_after_close_raises_cache_closed_error(d, db_name):
+    mongo = d.client()
+    cache = d.manager(mongo)
+    await d.r(cache.close())
     with pytest.raises(CacheClosedError):
         cache[db_name]["items"]
     with pytest.raises(CacheClosedError):
-        cache.get_cached_collection(client[db_name]["other"])
+        cache.get_cached_collection(mongo[db_name]["other"])
 
 
-def test_a_snapshot_after_close_still_works_and_shows_the_streams_closed(client, db_name):
-    cache = CacheManager(client, max_await_time_ms=200)
-    _seeded(cache, client, db_name)
+async def test_a_snapshot_after_close_still_works_and_shows_the_streams_closed(d, client, db_name):
+    cache = d.manager()
+    await _seeded(d, cache, client, db_name)
     open_snapshot = cache.snapshot()
     assert [s.state for s in open_snapshot.streams] == [StreamState.HEALTHY]
 
-    cache.close()
+    await d.r(cache.close())
     snap = cache.snapshot()
 
     assert [(s.database, s.state) for s in snap.streams] == [(db_name, StreamState.CLOSED)]
@@ -119,36 +139,38 @@ def test_a_snapshot_after_close_still_works_and_shows_the_streams_closed(client,
     assert snap.budget_bytes == open_snapshot.budget_bytes
 
 
-def test_a_snapshot_after_close_keeps_the_stream_counters(client, other_client, db_name):
-    cache = CacheManager(client, max_await_time_ms=200)
+async def test_a_snapshot_after_close_keeps_the_stream_counters(d, client, other_client, db_name):
+    cache = d.manager()
     try:
-        coll = _seeded(cache, client, db_name)
+        coll = await _seeded(d, cache, client, db_name)
         other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
-        wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}, what="the update is seen")
+
+        async def updated() -> bool:
+            return await d.r(coll.find_one({"_id": 1})) == {"_id": 1, "v": 2}
+
+        await d.wait_until(updated, what="the update is seen")
         events = cache.snapshot().streams[0].events
         assert events >= 1
     finally:
-        cache.close()
+        await d.r(cache.close())
     assert cache.snapshot().streams[0].events == events
 
 
-def test_close_ends_the_change_stream_connections(client, server_uri, db_name):
-    app_name = f"cqc-close-{uuid.uuid4().hex[:8]}"
-    cache = CacheManager(
-        client, max_await_time_ms=200, stream_uri=with_app_name(server_uri, app_name)
-    )
+async def test_close_ends_the_change_stream_connections(d, client, server_uri, db_name):
+    app_name = f"cqc-close-{d.name}-{uuid.uuid4().hex[:8]}"
+    cache = d.manager(stream_uri=with_app_name(server_uri, app_name))
     try:
-        _seeded(cache, client, db_name)
-        wait_until(lambda: connections_named(client, app_name) > 0, what="the stream connects")
+        await _seeded(d, cache, client, db_name)
+        await d.wait_until(lambda: connections_named(client, app_name) > 0, what="the stream connects")
     finally:
-        cache.close()
-    wait_until(
+        await d.r(cache.close())
+    await d.wait_until(
         lambda: connections_named(client, app_name) == 0,
         what="the stream's connections are closed",
     )
 
 
-# -- configuration errors ---------------------------------------------------------
+# -- configuration errors -------------------------------------------------------
 
 
 BAD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
@@ -170,34 +192,45 @@ BAD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("stream_uri", {"stream_uri": "127.0.0.1:27017"}),
     ("stream_uri", {"stream_uri": b"mongodb://127.0.0.1:27017/"}),
 ]
+_BAD_OPTION_IDS = [f"{name}={opts[name]!r}" for name, opts in BAD_OPTIONS]
 
 
-@pytest.mark.parametrize(
-    ("argument", "options"),
-    BAD_OPTIONS,
-    ids=[f"{name}={opts[name]!r}" for name, opts in BAD_OPTIONS],
-)
-def test_a_bad_option_raises_a_configuration_error_naming_it(client, argument, options):
+@pytest.mark.parametrize(("argument", "options"), BAD_OPTIONS, ids=_BAD_OPTION_IDS)
+async def test_a_bad_option_raises_a_configuration_error_naming_it(d, argument, options):
     with pytest.raises(CacheConfigurationError, match=argument) as info:
-        CacheManager(client, **options)
+        d.Manager(d.client(), **options)
     assert isinstance(info.value, ValueError)
 
 
-def test_the_limits_themselves_are_accepted(client):
-    with CacheManager(
-        client,
-        budget_bytes=64 * 1024,
-        max_entry_bytes=16 * 1024,
-        max_await_time_ms=10,
-        slot_count=64,
-    ) as small:
+@pytest.mark.parametrize(("argument", "options"), BAD_OPTIONS, ids=_BAD_OPTION_IDS)
+async def test_both_managers_reject_a_bad_option_alike(client, async_client, argument, options):
+    # Both facades validate through one CacheConfig: the same values are
+    # rejected with the same message.
+    with pytest.raises(CacheConfigurationError, match=argument) as async_error:
+        AsyncCacheManager(async_client, **options)
+    with pytest.raises(CacheConfigurationError, match=argument) as sync_error:
+        CacheManager(client, **options)
+    assert str(async_error.value) == str(sync_error.value)
+
+
+_LIMITS: dict[str, Any] = dict(budget_bytes=64 * 1024, max_entry_bytes=16 * 1024, max_await_time_ms=10, slot_count=64)
+
+
+async def test_the_limits_themselves_are_accepted(d):
+    async with d.using(d.Manager(d.client(), **_LIMITS)) as small:
         assert small.snapshot().budget_bytes == 64 * 1024
-    with CacheManager(client, max_await_time_ms=60_000, stream_uri="mongodb://127.0.0.1:1/") as big:
+    async with d.using(d.Manager(d.client(), max_await_time_ms=60_000, stream_uri="mongodb://127.0.0.1:1/")) as big:
         assert big.config.max_await_time_ms == 60_000
 
 
-def test_a_small_budget_alone_is_accepted(client):
-    with CacheManager(client, budget_bytes=256 * 1024) as cache:
+async def test_the_limits_themselves_are_accepted_alike_by_both_managers(client, async_client):
+    async with AsyncCacheManager(async_client, **_LIMITS) as small:
+        with CacheManager(client, **_LIMITS) as sync_small:
+            assert small.config == sync_small.config
+
+
+async def test_a_small_budget_alone_is_accepted(d):
+    async with d.using(d.Manager(d.client(), budget_bytes=256 * 1024)) as cache:
         assert cache.config.max_entry_bytes <= 256 * 1024 // 4
 
 
@@ -206,40 +239,57 @@ def test_a_small_budget_alone_is_accepted(client):
     [None, "mongodb://127.0.0.1:27017/", object()],
     ids=["none", "uri_string", "object"],
 )
-def test_a_client_that_is_not_a_mongo_client_raises_a_configuration_error(not_a_client):
+async def test_a_client_that_is_not_a_mongo_client_raises_a_configuration_error(d, not_a_client):
     with pytest.raises(CacheConfigurationError, match="client"):
-        CacheManager(not_a_client)
+        d.Manager(not_a_client)
 
 
-def test_a_database_is_not_accepted_as_the_client(client):
+async def test_a_client_of_the_other_api_raises_a_configuration_error_naming_both(d, client, async_client):
+    other = client if d.is_async else async_client
+    wanted, given = d.Client.__name__, type(other).__name__
+    with pytest.raises(CacheConfigurationError, match=rf"client.*\b{wanted}\b.*\b{given}\b"):
+        d.Manager(other)
+
+
+async def test_a_database_is_not_accepted_as_the_client(d):
     with pytest.raises(CacheConfigurationError, match="client"):
-        CacheManager(client["db"])
+        d.Manager(d.client()["db"])
 
 
-def test_a_collection_of_another_client_raises_a_configuration_error(manager, server_uri, db_name):
-    with pymongo.MongoClient(server_uri) as another:
-        with pytest.raises(CacheConfigurationError, match="collection"):
-            manager.get_cached_collection(another[db_name]["items"])
-
-
-def test_get_cached_collection_rejects_what_is_not_a_collection(manager, client, db_name):
+async def test_a_collection_of_another_client_raises_a_configuration_error(d, db_name):
+    cache = d.manager()
+    another = d.client()
     with pytest.raises(CacheConfigurationError, match="collection"):
-        manager.get_cached_collection(client[db_name])
+        cache.get_cached_collection(another[db_name]["items"])
 
 
-def test_get_cached_collection_accepts_a_collection_of_its_client(manager, client, db_name):
-    coll = manager.get_cached_collection(client[db_name]["items"])
-    assert coll.raw == client[db_name]["items"]
-    assert coll.full_name == f"{db_name}.items"
+async def test_get_cached_collection_rejects_a_collection_of_the_other_api(d, client, async_client, db_name):
+    cache = d.manager()
+    other = client if d.is_async else async_client
+    with pytest.raises(CacheConfigurationError, match="collection"):
+        cache.get_cached_collection(other[db_name]["items"])
+
+
+async def test_get_cached_collection_rejects_what_is_not_a_collection(d, db_name):
+    mongo = d.client()
+    cache = d.manager(mongo)
+    with pytest.raises(CacheConfigurationError, match="collection"):
+        cache.get_cached_collection(mongo[db_name])
 
 
 @pytest.mark.parametrize("timeout", [-1, "1", True], ids=["negative", "string", "bool"])
-def test_wait_ready_with_a_bad_timeout_raises_a_configuration_error(manager, timeout):
+async def test_wait_ready_with_a_bad_timeout_raises_a_configuration_error(d, timeout):
+    cache = d.manager()
     with pytest.raises(CacheConfigurationError, match="timeout"):
-        manager.wait_ready(timeout)
+        await d.r(cache.wait_ready(timeout))
 
 
-# -- fork -------------------------------------------------------------------------
+async def test_wait_ready_without_streams_for_the_database_returns_false(d, db_name):
+    cache = d.manager()
+    assert await d.r(cache.wait_ready(0, database=db_name)) is False
+
+
+# -- fork (sync API only) -------------------------------------------------------
 
 
 _CHILD_STEPS: dict[str, Callable[[CacheManager, Any], Any]] = {
@@ -291,7 +341,12 @@ def _run_in_child(cache: CacheManager, coll: Any) -> dict[str, str]:
 
 
 def test_a_manager_used_in_a_forked_child_raises_cache_forked_error(manager, client, db_name):
-    coll = _seeded(manager, client, db_name)
+    client[db_name].items.insert_one({"_id": 1, "v": 1})
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}  # admitted
+    hits = manager.snapshot().hits
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert manager.snapshot().hits == hits + 1
 
     report = _run_in_child(manager, coll)
 

@@ -24,7 +24,6 @@ import pytest
 
 import client_query_cache
 from client_query_cache import (
-    AsyncCacheManager,
     CacheConfig,
     CacheConfigurationError,
     CacheError,
@@ -117,55 +116,32 @@ SHARED_CONFIG_FIELDS: list[tuple[str, Any]] = [
 
 
 @pytest.mark.parametrize(("argument", "value"), MANAGER_OPTIONS, ids=map(case_id, MANAGER_OPTIONS))
-def test_a_bad_manager_option_raises_a_configuration_error_naming_it(client, runtime_dir, argument, value):
+async def test_a_bad_manager_option_raises_a_configuration_error_naming_it(d, runtime_dir, argument, value):
     with pytest.raises(CacheConfigurationError) as info:
-        CacheManager(client, **{argument: value})
-    assert_names(info.value, argument)
-
-
-@pytest.mark.parametrize(("argument", "value"), MANAGER_OPTIONS, ids=map(case_id, MANAGER_OPTIONS))
-async def test_a_bad_async_manager_option_raises_a_configuration_error_naming_it(
-    async_client, runtime_dir, argument, value
-):
-    with pytest.raises(CacheConfigurationError) as info:
-        AsyncCacheManager(async_client, **{argument: value})
+        d.Manager(d.client(), **{argument: value})
     assert_names(info.value, argument)
 
 
 @pytest.mark.parametrize(("field", "value"), SHARED_CONFIG_FIELDS, ids=map(case_id, SHARED_CONFIG_FIELDS))
-def test_a_bad_shared_cache_config_field_is_rejected_by_the_manager(client, runtime_dir, field, value):
+async def test_a_bad_shared_cache_config_field_is_rejected_by_the_manager(d, runtime_dir, field, value):
     config = SharedCacheConfig("misuse", start_owner=True, **{field: value})
     with pytest.raises(CacheConfigurationError) as info:
-        CacheManager(client, shared=config)
+        d.Manager(d.client(), shared=config)
     assert_names(info.value, field)
     assert not list(runtime_dir.iterdir()), "nothing is started or created"
 
 
-@pytest.mark.parametrize(("field", "value"), SHARED_CONFIG_FIELDS[:3], ids=map(case_id, SHARED_CONFIG_FIELDS[:3]))
-async def test_a_bad_shared_cache_config_field_is_rejected_by_the_async_manager(
-    async_client, runtime_dir, field, value
-):
-    config = SharedCacheConfig("misuse", start_owner=True, **{field: value})
+async def test_a_client_of_the_other_facade_is_rejected(d, client, async_client):
     with pytest.raises(CacheConfigurationError) as info:
-        AsyncCacheManager(async_client, shared=config)
-    assert_names(info.value, field)
-
-
-def test_a_client_of_the_other_facade_is_rejected(client, async_client):
-    with pytest.raises(CacheConfigurationError) as info:
-        CacheManager(async_client)
-    assert_names(info.value, "client")
-    with pytest.raises(CacheConfigurationError) as info:
-        AsyncCacheManager(client)
+        d.Manager(client if d.is_async else async_client)
     assert_names(info.value, "client")
 
 
 @pytest.mark.parametrize("not_a_client", [None, "mongodb://127.0.0.1/", object()], ids=["none", "uri", "object"])
-def test_what_is_not_a_client_is_rejected_by_both_managers(async_client, not_a_client):
-    for manager_type in (CacheManager, AsyncCacheManager):
-        with pytest.raises(CacheConfigurationError) as info:
-            manager_type(not_a_client)
-        assert_names(info.value, "client")
+async def test_what_is_not_a_client_is_rejected(d, not_a_client):
+    with pytest.raises(CacheConfigurationError) as info:
+        d.Manager(not_a_client)
+    assert_names(info.value, "client")
 
 
 def test_a_stream_uri_that_libmongoc_may_know_options_of_is_accepted(client):
@@ -191,31 +167,21 @@ WAIT_READY: list[tuple[str, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("argument", "kwargs"), WAIT_READY, ids=[f"{a}={k[a]!r}" for a, k in WAIT_READY])
-def test_wait_ready_rejects_a_bad_argument_naming_it(manager, argument, kwargs):
+async def test_wait_ready_rejects_a_bad_argument_naming_it(d, argument, kwargs):
+    cache = d.manager()
     with pytest.raises(CacheConfigurationError) as info:
-        manager.wait_ready(**kwargs)
+        await d.r(cache.wait_ready(**kwargs))
     assert_names(info.value, argument)
 
 
-@pytest.mark.parametrize(("argument", "kwargs"), WAIT_READY, ids=[f"{a}={k[a]!r}" for a, k in WAIT_READY])
-async def test_async_wait_ready_rejects_a_bad_argument_naming_it(async_manager, argument, kwargs):
-    with pytest.raises(CacheConfigurationError) as info:
-        await async_manager.wait_ready(**kwargs)
-    assert_names(info.value, argument)
-
-
-def test_get_cached_collection_rejects_what_is_not_its_clients_collection(manager, client, async_client, server_uri):
-    with pymongo.MongoClient(server_uri) as another:
-        for bad in (client["db"], async_client["db"]["c"], "db.c", another["db"]["c"]):
-            with pytest.raises(CacheConfigurationError) as info:
-                manager.get_cached_collection(bad)
-            assert_names(info.value, "collection")
-
-
-async def test_async_get_cached_collection_rejects_a_sync_collection(async_manager, client):
-    with pytest.raises(CacheConfigurationError) as info:
-        async_manager.get_cached_collection(client["db"]["c"])
-    assert_names(info.value, "collection")
+async def test_get_cached_collection_rejects_what_is_not_its_clients_collection(d, client, async_client):
+    mongo, another = d.client(), d.client()
+    other_api = client if d.is_async else async_client
+    cache = d.manager(mongo)
+    for bad in (mongo["db"], other_api["db"]["c"], "db.c", another["db"]["c"]):
+        with pytest.raises(CacheConfigurationError) as info:
+            cache.get_cached_collection(bad)
+        assert_names(info.value, "collection")
 
 
 def raised(call: Callable[[], Any]) -> BaseException:
@@ -249,14 +215,12 @@ NAMES: list[tuple[str, Callable[[Any], Any]]] = [
 
 
 @pytest.mark.parametrize("call", [c for _, c in NAMES], ids=[n for n, _ in NAMES])
-def test_names_and_options_raise_what_pymongo_raises(manager, client, call):
-    assert_same_error(raised(lambda: call(manager)), raised(lambda: call(client)))
-
-
-@pytest.mark.parametrize("call", [c for _, c in NAMES], ids=[n for n, _ in NAMES])
-async def test_async_names_and_options_raise_what_pymongo_raises(async_manager, async_client, call):
-    cached, direct = raised(lambda: call(async_manager)), raised(lambda: call(async_client))
-    assert type(cached) is type(direct)  # the messages name the sync or async class
+async def test_names_and_options_raise_what_pymongo_raises(d, call):
+    # The same class and message: where a message names a class (an
+    # unexpected keyword), the cache's is the one of the driver's PyMongo API.
+    mongo = d.client()
+    cache = d.manager(mongo)
+    assert_same_error(raised(lambda: call(cache)), raised(lambda: call(mongo)))
 
 
 # == configuration objects ==========================================================
@@ -393,37 +357,31 @@ def seed(client: pymongo.MongoClient, db_name: str) -> None:
 
 
 @pytest.fixture
-def cached_items(client, db_name, make_manager):
-    """(the cached collection, the raw one) of seeded documents, the stream serving."""
+async def cached_items(d, client, db_name):
+    """(the cached collection, the raw one) of seeded documents, for the
+    driver ``d``, the stream serving."""
     seed(client, db_name)
-    cache = make_manager()
+    mongo = d.client()
+    cache = d.manager(mongo)
     coll = cache[db_name]["items"]
-    assert cache.wait_ready(15, db_name)
-    return coll, client[db_name]["items"]
+    assert await d.r(cache.wait_ready(15, db_name))
+    return coll, mongo[db_name]["items"]
 
 
 @pytest.mark.parametrize("read", [r for _, r in BAD_READS], ids=[n for n, _ in BAD_READS])
-def test_a_bad_read_raises_what_pymongo_raises(cached_items, read):
+async def test_a_bad_read_raises_what_pymongo_raises(d, cached_items, read):
     coll, raw = cached_items
-    direct = raised(lambda: read(raw))
+    direct = await raised_by_read(d, read, raw)
     for _ in range(2):
-        assert type(raised(lambda: read(coll))) is type(direct)
+        assert type(await raised_by_read(d, read, coll)) is type(direct)
 
 
-@pytest.mark.parametrize("read", [r for _, r in BAD_READS], ids=[n for n, _ in BAD_READS])
-async def test_an_async_bad_read_raises_what_pymongo_raises(client, db_name, make_async_manager, async_client, read):
-    seed(client, db_name)
-    cache = make_async_manager()
-    coll, raw = cache[db_name]["items"], async_client[db_name]["items"]
-    assert await cache.wait_ready(15, db_name)
-    direct = await araised(read, raw)
-    for _ in range(2):
-        assert type(await araised(read, coll)) is type(direct)
-
-
-async def araised(read: Callable[[Any], Any], coll: Any) -> BaseException:
-    """The exception of ``read`` written for a sync collection, run on an
-    async one: awaitables are awaited, cursors read to the end."""
+async def raised_by_read(d: Any, read: Callable[[Any], Any], coll: Any) -> BaseException:
+    """The exception of ``read``, written for a sync collection, on ``coll``
+    of the driver ``d``: on an async one, awaitables are awaited and cursors
+    read to the end."""
+    if not d.is_async:
+        return raised(lambda: read(coll))
     with pytest.raises(Exception) as info:
         await run_async(read, coll)
     return info.value
@@ -484,21 +442,15 @@ CURSOR_OPTIONS: list[tuple[str, Callable[[Any], Any]]] = [
 
 
 @pytest.mark.parametrize("option", [o for _, o in CURSOR_OPTIONS], ids=[n for n, _ in CURSOR_OPTIONS])
-def test_a_bad_cursor_option_raises_what_pymongo_raises_at_the_call(cached_items, option):
+async def test_a_bad_cursor_option_raises_what_pymongo_raises_at_the_call(cached_items, option):
     coll, raw = cached_items
     assert_same_error(raised(lambda: option(coll.find({"a": 1}))), raised(lambda: option(raw.find({"a": 1}))))
 
 
-@pytest.mark.parametrize("option", [o for _, o in CURSOR_OPTIONS], ids=[n for n, _ in CURSOR_OPTIONS])
-async def test_a_bad_async_cursor_option_raises_what_pymongo_raises_at_the_call(
-    async_manager, async_client, db_name, option
-):
-    coll, raw = async_manager[db_name]["items"], async_client[db_name]["items"]
-    assert_same_error(raised(lambda: option(coll.find({"a": 1}))), raised(lambda: option(raw.find({"a": 1}))))
-
-
-def test_good_cursor_options_are_still_accepted(cached_items):
-    coll, raw = cached_items
+def test_good_cursor_options_are_still_accepted(client, db_name, manager):
+    seed(client, db_name)
+    coll, raw = manager[db_name]["items"], client[db_name]["items"]
+    assert manager.wait_ready(15, db_name)
     for _ in range(2):  # a miss, then a hit
         cursor = coll.find({"a": {"$gte": 0}}).sort("_id", -1).skip(1).limit(2).batch_size(0).max_time_ms(None)
         assert list(cursor) == list(raw.find({"a": {"$gte": 0}}).sort("_id", -1).skip(1).limit(2))
@@ -510,8 +462,8 @@ def test_good_cursor_options_are_still_accepted(cached_items):
         )
 
 
-def test_to_list_rejects_a_length_below_one_as_pymongo_does(cached_items):
-    coll, raw = cached_items
+def test_to_list_rejects_a_length_below_one_as_pymongo_does(client, db_name, manager):
+    coll, raw = manager[db_name]["items"], client[db_name]["items"]
     assert_same_error(raised(lambda: coll.find({}).to_list(0)), raised(lambda: raw.find({}).to_list(0)))
 
 
