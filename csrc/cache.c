@@ -5,6 +5,7 @@
 #include "shm.h"
 
 #include <mongoc/mongoc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,7 +27,26 @@ quiet_log (mongoc_log_level_t level, const char *domain, const char *message, vo
 void
 cqc_cache_init_library (void)
 {
+   /* mongo-c-driver keeps performance counters in a shared memory file,
+    * /dev/shm/mongoc-<pid>, made at its init and removed only at a clean
+    * exit: every process killed or leaving through _exit() (a forked child,
+    * a worker killed by its server) would leave one behind. The cache reads
+    * none of them. MONGOC_DISABLE_SHM keeps mongoc_init from making the
+    * file (the environment is left as it was); where the library already
+    * initialized itself when it was loaded (its automatic init), the file
+    * is unlinked: the counters stay mapped, and nothing is left to remove. */
+   bool was_set = getenv ("MONGOC_DISABLE_SHM") != NULL;
+   char path[64];
+
+   if (!was_set) {
+      setenv ("MONGOC_DISABLE_SHM", "1", 0);
+   }
    mongoc_init ();
+   if (!was_set) {
+      unsetenv ("MONGOC_DISABLE_SHM");
+   }
+   snprintf (path, sizeof path, "/dev/shm/mongoc-%u", (unsigned) getpid ());
+   unlink (path);
    mongoc_log_set_handler (quiet_log, NULL);
 }
 

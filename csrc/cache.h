@@ -80,7 +80,8 @@ typedef struct {
 } cqc_cache_t;
 
 /* Once per process, before any cache: mongo-c-driver's global state, with
- * its log silenced (followers report their errors in their info). */
+ * its log silenced (followers report their errors in their info) and
+ * without its counters file in /dev/shm. */
 void cqc_cache_init_library (void);
 
 /* Make a cache of `mode` in *c (zeroed by the caller). On failure, err is
