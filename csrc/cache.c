@@ -371,8 +371,13 @@ push_admission (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
    if (!cqc_admission_valid (&c->arena, adm)) {
       return CQC_ADMIT_INVALID;
    }
-   if (cqc_ring_push (&c->ring, adm->kind, adm->not_found, &adm->token, adm->filter, adm->flen,
-                      adm->rest, adm->rlen, adm->value, adm->vlen) != CQC_RING_PUSHED) {
+   switch (cqc_ring_push (&c->ring, adm->kind, adm->not_found, &adm->token, adm->filter,
+                          adm->flen, adm->rest, adm->rlen, adm->value, adm->vlen)) {
+   case CQC_RING_PUSHED:
+      break;
+   case CQC_RING_TOO_LARGE:
+      return CQC_ADMIT_TOO_LARGE;
+   default:
       return CQC_ADMIT_DROPPED;
    }
    if (memo_floor && cqc_admission_key (adm, &k) == CQC_KEY_OK) {
@@ -412,6 +417,7 @@ cqc_cache_stats (cqc_cache_t *c, cqc_stat_t out[CQC_STATS_MAX])
       out[n++] = (cqc_stat_t){"ring_pushed", c->ring.pushed};
       out[n++] = (cqc_stat_t){"ring_dropped", c->ring.dropped};
       out[n++] = (cqc_stat_t){"ring_damaged", c->ring.damaged};
+      out[n++] = (cqc_stat_t){"ring_oversize", c->ring.oversize};
    } else {
       pthread_mutex_lock (&c->lock);
       memcpy (&h, c->arena.hdr, sizeof h);

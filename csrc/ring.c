@@ -125,6 +125,7 @@ cqc_ring_push (cqc_ring_producer_t *p, uint8_t kind, bool not_found, const cqc_t
    cqc_ring_push_t res = CQC_RING_FULL;
 
    if (need > 0x7fffffffu || need > cap / 2) {
+      res = CQC_RING_TOO_LARGE; /* however empty the ring, it would not fit */
       goto cleanup;
    }
    /* The one shared value the producer uses is the consumer's tail. The
@@ -191,6 +192,8 @@ cleanup:
       p->pushed++;
    } else if (res == CQC_RING_DAMAGED) {
       p->damaged++;
+   } else if (res == CQC_RING_TOO_LARGE) {
+      p->oversize++;
    } else {
       p->dropped++;
    }

@@ -110,14 +110,16 @@ typedef struct {
    uint64_t head;
    uint32_t pid;
    uint64_t pushed;
-   uint64_t dropped; /* the ring was full, or the record larger than half of it */
-   uint64_t damaged; /* the header was not the producer's: dropped, header rewritten */
+   uint64_t dropped;  /* the ring was full */
+   uint64_t damaged;  /* the header was not the producer's: dropped, header rewritten */
+   uint64_t oversize; /* the record is larger than half the ring: never fits */
 } cqc_ring_producer_t;
 
 typedef enum {
    CQC_RING_PUSHED = 0,
    CQC_RING_FULL = 1,    /* dropped: no room (the owner lags) */
    CQC_RING_DAMAGED = 2, /* dropped: the header was changed by someone else */
+   CQC_RING_TOO_LARGE = 3, /* dropped: the record is larger than half the ring */
 } cqc_ring_push_t;
 
 /* Format a zeroed segment of `size` bytes as an empty ring and make `p` its

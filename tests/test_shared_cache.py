@@ -23,6 +23,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import bson
 import pymongo
 import pytest
 
@@ -40,6 +42,7 @@ from client_query_cache import (
     CacheForkedError,
     CacheManager,
     SharedCache,
+    SharedCacheConfig,
     SharedCacheError,
 )
 from support import DEADLINE_S, TEST_MAX_AWAIT_MS, ready_collection, wait_until
@@ -824,6 +827,25 @@ def test_a_killed_worker_is_detached_and_the_others_are_undisturbed(
 # =============================================================================
 
 
+def test_an_admission_no_ring_could_carry_is_counted_oversize_not_ring_full(group, client, db_name):
+    # A filter of 1.5 MiB: with its result, more than half of any worker's
+    # ring (2.1 MiB for the default max_entry_bytes), with an idle owner.
+    seed(client, db_name, "items", [{"_id": 1, "tag": "t"}])
+    group.start_owner()
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    big = {"tag": {"$in": ["t"] + [f"x{i:07d}" for i in range(150_000)]}}
+    assert len(bson.encode(big)) > 1_500_000
+    want = client[db_name]["items"].find_one(big)
+    assert want == {"_id": 1, "tag": "t"}
+    assert coll.find_one(big) == want
+    snap = manager.snapshot()
+    assert snap.rejected_admissions.get("oversize") == 1, snap
+    assert "ring_full" not in snap.rejected_admissions, snap
+    assert coll.find_one(big) == want  # read again from MongoDB, correctly
+    assert manager.snapshot().rejected_admissions.get("oversize") == 2
+
+
 def test_a_full_ring_drops_admissions_and_reads_stay_correct(group, client, db_name):
     # Records of ~900 KB: a worker's ring (two entries of the 1 MiB maximum)
     # holds two of them.
@@ -951,7 +973,9 @@ def test_a_worker_refuses_an_arena_without_a_heartbeat_timeout(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["", "a/b", "..", ".", "x" * 65, "sp ace", "é", "a\nb", 7, b"bytes"], ids=repr
+    "name",
+    ["", "a/b", "..", ".", "x" * 65, "sp ace", "é", "a\nb", 7, b"bytes", ".hidden", "-x", "_x"],
+    ids=repr,
 )
 def test_a_bad_name_is_refused_with_a_configuration_error(client, runtime_dir, server_uri, name):
     with pytest.raises(CacheConfigurationError, match="name"):
@@ -959,6 +983,37 @@ def test_a_bad_name_is_refused_with_a_configuration_error(client, runtime_dir, s
     with pytest.raises(CacheConfigurationError, match="name"):
         SharedCache.start(name, server_uri)
     assert list(runtime_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".start", ".starting", ".lock", ".arena", ".sock", ".w1-0a0b0c0d"])
+def test_another_caches_name_never_holds_this_caches_files(client, group, db_name, suffix):
+    # An owner running under NAME + suffix, where the suffix is the start of
+    # one of NAME's own file names: NAME's owner still starts (its start lock
+    # and files are its own) and serves.
+    other = group.start_owner(group.name + suffix)
+    config = SharedCacheConfig(group.name, start_owner=True, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    outcome: list[Any] = []
+
+    def attach() -> None:
+        try:
+            outcome.append(CacheManager(client, shared=config))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=attach, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert outcome, "attaching blocked on another cache's file"
+    manager = outcome[0]
+    assert isinstance(manager, CacheManager), manager
+    group.managers.append(manager)
+    names = {p.name for p in group.runtime.iterdir()}
+    assert f"{group.name}.arena" in names and f"{group.name}{suffix}.arena" in names
+    os.kill(other.pid, 0)  # the other owner runs on, undisturbed
+    seed(client, db_name, "items", [{"_id": 1}])
+    coll = ready_collection(manager, db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1}
+    wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1} and manager.snapshot().hits >= 1, what="a hit")
 
 
 def test_attaching_without_a_running_owner_fails(client, group):

@@ -568,6 +568,10 @@ class Engine:
         ):
             if stats[name]:
                 rejects[reason.value] = stats[name]
+        if stats.get("ring_oversize"):
+            # An admission (its filter with the result) no ring could carry.
+            oversize = RejectReason.OVERSIZE.value
+            rejects[oversize] = rejects.get(oversize, 0) + stats["ring_oversize"]
         if stats.get("ring_dropped"):
             rejects[RejectReason.RING_FULL.value] = stats["ring_dropped"]
         if stats.get("ring_damaged"):

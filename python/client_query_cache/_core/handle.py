@@ -198,7 +198,7 @@ def attach_or_start(config: SharedCacheConfig, derived_uri: str) -> OwnerLink:
     except SharedCacheError:
         if not config.start_owner:
             raise
-    lock_path = paths_for(config.name, create=True)["dir"] / f"{config.name}.start.lock"
+    lock_path = paths_for(config.name, create=True)["starting"]
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -65,7 +65,9 @@ class RejectReason(str, enum.Enum):
     STALE = "stale"
     #: The stream stopped serving between capture and admission.
     UNHEALTHY = "unhealthy"
-    #: The document is larger than ``max_entry_bytes``.
+    #: The result is larger than ``max_entry_bytes`` or, in a shared-cache
+    #: worker, the admission (the read's filter and options with the result)
+    #: is larger than half the worker's admission ring and could never fit.
     OVERSIZE = "oversize"
     #: The entry is larger than a quarter of the arena's payload budget.
     TOO_LARGE = "too_large"

@@ -9,8 +9,13 @@ others): ``$CQC_RUNTIME_DIR`` if set, else ``/dev/shm/client-query-cache-UID``.
                           read-only by workers
     NAME.sock             the owner's control socket (peer uid checked)
     NAME.lock             held (flock) by the running owner
+    NAME.starting         held (flock) by a worker starting the owner
     NAME.w<pid>-<hex>.ring  one worker's admission ring (0600), created by the
                           worker, mapped by the owner, removed on detach
+
+No suffix above ends another, so no name's files can be another name's:
+NAME + s1 == OTHER + s2 only when NAME == OTHER. A name starts with a letter or a digit, so none is a hidden
+file or reads as an option.
 
 Control protocol: one JSON object per line each way. Requests: ``hello``
 (attach a ring, check the deployment), ``register`` (a namespace: the owner
@@ -48,7 +53,7 @@ __all__ = [
     "OwnerLink",
 ]
 
-_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Bytes of a worker's admission ring. A record takes at most half a ring (so
 #: that one always fits once the ring drains, wherever its head is), so a ring
 #: has room for two records of the largest admissible entry and its key. The
@@ -72,9 +77,9 @@ class SharedCacheError(CacheError, RuntimeError):
 
 
 def validate_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in {".", ".."}:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise CacheConfigurationError(
-            "shared cache name must match [A-Za-z0-9_.-]{1,64}, got " + repr(name)
+            "shared cache name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, got " + repr(name)
         )
     return name
 
@@ -108,6 +113,7 @@ def paths_for(name: str, create: bool = False) -> dict[str, Path]:
         "arena": d / f"{name}.arena",
         "sock": d / f"{name}.sock",
         "lock": d / f"{name}.lock",
+        "starting": d / f"{name}.starting",
     }
 
 
