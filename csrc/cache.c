@@ -388,14 +388,15 @@ push_admission (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
 }
 
 int
-cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor)
+cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
+                 uint64_t memo_epoch)
 {
    uint64_t key_hash = 0;
    int r = c->mode == CQC_MODE_WORKER ? push_admission (c, adm, memo_floor, &key_hash)
                                       : cqc_admit (&c->writer, adm, &key_hash);
 
    if ((r == CQC_ADMIT_OK || r == CQC_ADMIT_QUEUED) && key_hash) {
-      cqc_floor_memo (&c->floor, adm->token.db_idx, key_hash, memo_floor);
+      cqc_floor_memo (&c->floor, adm->token.db_idx, key_hash, memo_floor, memo_epoch);
    }
    return r;
 }

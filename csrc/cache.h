@@ -126,8 +126,10 @@ bool cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *fi
 /* Admit a miss's result: locally (cqc_admit), or through a worker's ring
  * after the same check (CQC_ADMIT_TOO_LARGE: the record could never fit the
  * ring). memo_floor (0: none) is the causal floor the read
- * stands for (floor.h's own misses). */
-int cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor);
+ * stands for and memo_epoch the memo epoch it ended with (floor.h's own
+ * misses). */
+int cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
+                     uint64_t memo_epoch);
 
 typedef struct {
    const char *name;

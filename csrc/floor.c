@@ -12,8 +12,9 @@ cqc_floor_init (cqc_floor_t *f, uint32_t db_count)
    *f = (cqc_floor_t){.db_count = db_count};
    f->ts = calloc (db_count ? db_count : 1, sizeof *f->ts);
    f->ns = calloc (db_count ? db_count : 1, sizeof *f->ns);
+   f->epoch = calloc (db_count ? db_count : 1, sizeof *f->epoch);
    f->memo = calloc (CQC_MEMO_BUCKETS * CQC_MEMO_WAYS, sizeof *f->memo);
-   if (!f->ts || !f->ns || !f->memo) {
+   if (!f->ts || !f->ns || !f->epoch || !f->memo) {
       cqc_floor_free (f);
       return false;
    }
@@ -25,14 +26,16 @@ cqc_floor_free (cqc_floor_t *f)
 {
    free (f->ts);
    free (f->ns);
+   free (f->epoch);
    free (f->memo);
-   f->ts = f->ns = NULL;
+   f->ts = f->ns = f->epoch = NULL;
    f->memo = NULL;
    f->db_count = 0;
 }
 
 void
-cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns)
+cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns,
+                   uint64_t epoch)
 {
    if (db_idx >= f->db_count) {
       return;
@@ -43,6 +46,9 @@ cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns)
    if (ns > f->ns[db_idx]) {
       f->ns[db_idx] = ns;
    }
+   if (epoch > f->epoch[db_idx]) {
+      f->epoch[db_idx] = epoch;
+   }
 }
 
 /* ======================================================================== */
@@ -52,7 +58,8 @@ cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns)
 static bool
 memo_current (const cqc_floor_t *f, const cqc_memo_t *m)
 {
-   return m->used && m->db_idx < f->db_count && m->floor_ts == f->ts[m->db_idx];
+   return m->used && m->db_idx < f->db_count && m->floor_ts == f->ts[m->db_idx] &&
+          m->epoch == f->epoch[m->db_idx];
 }
 
 static bool
@@ -70,7 +77,8 @@ memo_allows (const cqc_floor_t *f, uint32_t db_idx, uint64_t hash)
 }
 
 void
-cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts)
+cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts,
+                uint64_t epoch)
 {
    cqc_memo_t *bucket, *slot = NULL;
    uint32_t w;
@@ -92,7 +100,7 @@ cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t flo
    if (!slot) {
       slot = &bucket[f->memo_next++ % CQC_MEMO_WAYS];
    }
-   *slot = (cqc_memo_t){key_hash, floor_ts, db_idx, 1};
+   *slot = (cqc_memo_t){key_hash, floor_ts, epoch, db_idx, 1};
 }
 
 /* ======================================================================== */

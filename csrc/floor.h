@@ -15,9 +15,13 @@
  *  - Own misses (the memo). On a deployment of one member, a miss whose own
  *    read is the newest thing the process observed from its database
  *    reflects everything the process has seen there: its entry may be
- *    served while the floor it raised is unchanged, before the stream
- *    catches up. MEMO_WAYS entries per bucket, matched by the key's 64-bit
- *    hash; an entry whose floor is no longer its database's is free.
+ *    served before the stream catches up. MEMO_WAYS entries per bucket,
+ *    matched by the key's 64-bit hash. An entry stands while its database's
+ *    floor and memo epoch are the ones its miss ended with. The caller
+ *    moves the epoch on when it observes something of an operation that
+ *    overlapped another: that operation may have returned something newer
+ *    than a miss that ended meanwhile (its reply may even be what raised
+ *    the floor the miss ended with).
  *  - One-document writes (pending). A write through a view to one document
  *    ({"_id": v}) tells the process nothing about other documents: instead
  *    of the database's floor it holds back only the entries that may depend
@@ -43,6 +47,7 @@
 typedef struct {
    uint64_t hash;
    uint64_t floor_ts;
+   uint64_t epoch; /* the memo epoch its miss ended with */
    uint32_t db_idx;
    uint32_t used;
 } cqc_memo_t;
@@ -60,6 +65,7 @@ typedef struct {
    uint32_t db_count;
    uint64_t *ts; /* by db_idx */
    uint64_t *ns; /* by db_idx */
+   uint64_t *epoch; /* by db_idx: the highest memo epoch told */
    cqc_memo_t *memo; /* CQC_MEMO_BUCKETS * CQC_MEMO_WAYS */
    uint32_t memo_next; /* the way replaced when a bucket has none free */
    uint32_t pending_used;
@@ -71,8 +77,10 @@ bool cqc_floor_init (cqc_floor_t *f, uint32_t db_count);
 void cqc_floor_free (cqc_floor_t *f);
 
 /* Raise the database's floor to cluster time `ts` ((seconds << 32) |
- * increment) observed at `ns` (0: no one-member proof). */
-void cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns);
+ * increment) observed at `ns` (0: no one-member proof), and its memo epoch
+ * to `epoch` (the caller's count; see the memo above). */
+void cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns,
+                        uint64_t epoch);
 
 /* Record a write of this process to the one document {"_id": v} of ns_idx
  * (`filter`). False when the filter is not an identity filter or no slot
@@ -89,7 +97,9 @@ bool cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, ui
                        uint64_t key_hash, const uint8_t *filter, uint32_t flen);
 
 /* Remember a key this process's own miss admitted, with the database floor
- * its read stands for (0: none; see the memo above). */
-void cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts);
+ * its read stands for (0: none; see the memo above) and the memo epoch it
+ * ended with. */
+void cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts,
+                     uint64_t epoch);
 
 #endif

@@ -476,23 +476,23 @@ Cache_capture (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                   : Py_NewRef (Py_None);
 }
 
-/* admit(token, kind, filter_bson, rest, value_or_None[, memo_floor]) ->
- * result code; kind may carry CQC_KIND_REBIND (the constant KIND_REBIND).
- * memo_floor (0: none): the database's causal floor this miss's read stands
- * for, when nothing else was observed there since its token was taken. */
+/* admit(token, kind, filter_bson, rest, value_or_None, memo_floor, memo_epoch)
+ * -> result code; kind may carry CQC_KIND_REBIND (the constant KIND_REBIND).
+ * memo_floor, memo_epoch: the causal floor and memo epoch a miss that
+ * observed nothing else stands for (0: none; floor.h's own misses). */
 static PyObject *
 Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-   uint64_t memo_floor = 0;
+   uint64_t memo_floor, memo_epoch;
    uint32_t kind;
    Py_buffer b[4] = {{0}}; /* token, filter, rest, value */
    cqc_admission_t adm;
    PyObject *res = NULL;
    int r;
 
-   if (!check_args (nargs, 5, 6, "admit") || !check_usable (self, USE_READS) ||
-       !parse_idx (args[1], &kind, 256, "kind") ||
-       (nargs == 6 && !parse_u64 (args[5], &memo_floor))) {
+   if (!check_args (nargs, 7, 7, "admit") || !check_usable (self, USE_READS) ||
+       !parse_idx (args[1], &kind, 256, "kind") || !parse_u64 (args[5], &memo_floor) ||
+       !parse_u64 (args[6], &memo_epoch)) {
       return NULL;
    }
    if (!get_buffer (args[0], &b[0], "token") || !get_buffer (args[2], &b[1], "filter") ||
@@ -508,7 +508,7 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                            b[1].buf,            (uint32_t) b[1].len, b[2].buf,
                            (uint32_t) b[2].len, b[3].buf,            (uint32_t) b[3].len};
    memcpy (&adm.token, b[0].buf, sizeof adm.token);
-   r = cqc_cache_admit (&self->c, &adm, memo_floor);
+   r = cqc_cache_admit (&self->c, &adm, memo_floor, memo_epoch);
    if (r == CQC_ADMIT_INVALID) {
       PyErr_SetString (PyExc_ValueError, "invalid token: not one of this arena for this filter");
    } else if (r == CQC_ADMIT_NO_MEMORY) {
@@ -546,21 +546,22 @@ Cache_register (CacheObject *self, PyObject *args)
    return Py_BuildValue ("(II)", ns_idx, db_idx);
 }
 
-/* observe(db_idx, cluster_time, monotonic_ns): raise the database's causal
- * floor (floor.h) to the cluster time ((seconds << 32) | increment) of
- * something this process read or wrote and, on a deployment of one member,
- * the time it did (0: no such proof). */
+/* observe(db_idx, cluster_time, monotonic_ns, memo_epoch): raise the
+ * database's causal floor (floor.h) to the cluster time of something this
+ * process read or wrote, seen at monotonic_ns (0: no one-member proof), and
+ * its memo epoch (floor.h's own misses). */
 static PyObject *
 Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
    uint32_t db_idx;
-   uint64_t ts, ns;
+   uint64_t ts, ns, epoch;
 
-   if (!check_args (nargs, 3, 3, "observe") || !check_usable (self, USE) ||
-       !PARSE_DB (args[0], &db_idx) || !parse_u64 (args[1], &ts) || !parse_u64 (args[2], &ns)) {
+   if (!check_args (nargs, 4, 4, "observe") || !check_usable (self, USE) ||
+       !PARSE_DB (args[0], &db_idx) || !parse_u64 (args[1], &ts) || !parse_u64 (args[2], &ns) ||
+       !parse_u64 (args[3], &epoch)) {
       return NULL;
    }
-   cqc_floor_observe (&self->c.floor, db_idx, ts, ns);
+   cqc_floor_observe (&self->c.floor, db_idx, ts, ns, epoch);
    Py_RETURN_NONE;
 }
 
@@ -739,8 +740,8 @@ static PyMethodDef Cache_methods[] = {
    FASTCALL (lookup_id, "lookup_id(ns_idx, db_idx, id, codec_options): identity lookup."),
    FASTCALL (lookup, "lookup(ns_idx, db_idx, kind, filter, rest, codec_options[, decode])."),
    FASTCALL (capture, "capture(ns_idx, filter) -> token, or None: the stream does not serve."),
-   FASTCALL (admit, "admit(token, kind, filter, rest, value_or_None[, memo_floor]) -> code."),
-   FASTCALL (observe, "observe(db_idx, cluster_time, monotonic_ns): raise the causal floor."),
+   FASTCALL (admit, "admit(token, kind, filter, rest, value_or_None, memo_floor, memo_epoch)."),
+   FASTCALL (observe, "observe(db_idx, cluster_time, monotonic_ns, memo_epoch): the floor."),
    FASTCALL (observe_id, "observe_id(db_idx, ns_idx, filter, cluster_time, monotonic_ns)."),
    METHOD (register, METH_VARARGS, "register(db, coll) -> (ns_idx, db_idx)."),
    METHOD (db_state, METH_O, "db_state(db_idx) -> (state, stalled, applied time)."),

@@ -19,6 +19,7 @@ applies nothing.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,7 +34,7 @@ from pymongo.errors import InvalidOperation, OperationFailure
 from benchmarks._proxy import FaultProxy
 from client_query_cache import BypassReason, CacheConfigurationError, CausalListener
 from client_query_cache.testing import external_uri
-from support import DEADLINE_S, TEST_MAX_AWAIT_MS, Driver, bypass_delta
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, Driver, bypass_delta, ready_collection
 
 pytestmark = pytest.mark.skipif(
     not hasattr(ClientSession, "bind"), reason="ClientSession.bind() needs PyMongo 4.17"
@@ -332,6 +333,78 @@ async def test_a_listener_covers_writes_made_outside_the_views(d, client, db_nam
         assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
         await d.r(mongo[db_name].command("update", "items", updates=[{"q": {"_id": 1}, "u": {"$set": {"v": 3}}}]))
         assert (await d.r(coll.find_one({"_id": 1})))["v"] == 3
+
+
+class _FindGate(pymongo.monitoring.CommandListener):
+    """Holds the threads it is armed for right after their ``find`` reply
+    was processed (the client's cluster time already advanced), before the
+    cache sees the result."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+    def arm(self, thread: threading.Thread) -> tuple[threading.Event, threading.Event]:
+        reached, release = threading.Event(), threading.Event()
+        self.gates[thread.name] = (reached, release)
+        return reached, release
+
+    def started(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        pass
+
+    def succeeded(self, event: Any) -> None:
+        gate = self.gates.pop(threading.current_thread().name, None) if event.command_name == "find" else None
+        if gate is not None:
+            gate[0].set()
+            assert gate[1].wait(DEADLINE_S)
+
+
+def test_a_miss_that_ends_after_a_newer_read_is_not_served_ahead_of_the_stream(
+    server_uri, client, other_client, db_name, proxy, make_manager
+):
+    # Two reads of one process overlap: B reads version 1, a write makes
+    # version 2, A reads version 2, and B's result reaches the cache only
+    # after A's reply advanced the client's cluster time, but before A's
+    # result did. A has returned version 2, so B's entry (version 1) must not
+    # be served until the stream has applied the write: B's read did not
+    # stand for everything the process had observed.
+    _seed(client, db_name)
+    gate = _FindGate()
+    mongo = pymongo.MongoClient(server_uri, event_listeners=[gate])
+    try:
+        cache = make_manager(client=mongo, stream_uri=proxy.uri)
+        coll = ready_collection(cache, db_name, "items")
+        got: dict[str, Any] = {}
+
+        def read(name: str, filter: dict[str, Any]) -> None:
+            got[name] = coll.find_one(filter)
+
+        b = threading.Thread(target=read, args=("b", {"k": "a"}))
+        a = threading.Thread(target=read, args=("a", {"_id": 1}))
+        with _held(proxy):
+            b_gate = a_gate = None
+            try:
+                b_gate = gate.arm(b)
+                b.start()
+                assert b_gate[0].wait(DEADLINE_S)
+                other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+                a_gate = gate.arm(a)
+                a.start()
+                assert a_gate[0].wait(DEADLINE_S)
+                b_gate[1].set()
+                b.join(DEADLINE_S)
+                a_gate[1].set()
+                a.join(DEADLINE_S)
+            finally:
+                for g in (b_gate, a_gate):
+                    if g is not None:
+                        g[1].set()
+            assert got["b"]["v"] == 1 and got["a"]["v"] == 2
+            assert coll.find_one({"k": "a"})["v"] == 2
+    finally:
+        mongo.close()
 
 
 def test_after_takes_a_timestamp_or_none(manager):

@@ -409,18 +409,18 @@ async def test_a_write_racing_a_miss_is_not_admitted(d, client, other_client, db
     assert cache.snapshot().hits == after.hits  # that was a miss, not a stale hit
 
 
-def _hold_back_one_admission(cache: Any) -> list[tuple[Any, bytes, bytes | None, int]]:
-    """Make the next miss record (plan, token, BSON result, memo floor)
+def _hold_back_one_admission(cache: Any) -> list[tuple[Any, bytes, bytes | None, tuple[int, int]]]:
+    """Make the next miss record (plan, token, BSON result, memo)
     instead of admitting. Admitted again with that floor, an entry is served
     as the miss's own would be (the cluster time the miss read at; without
     it, a read must wait for the stream to apply that time: stream_behind)."""
     engine = cache._engine
-    held: list[tuple[Any, bytes, bytes | None, int]] = []
+    held: list[tuple[Any, bytes, bytes | None, tuple[int, int]]] = []
     real_admit = engine.admit
 
-    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False, memo_floor: int = 0) -> None:
+    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False, memo: tuple[int, int] = (0, 0)) -> None:
         assert not rebind  # a find_one by _id
-        held.append((plan, token, value, memo_floor))
+        held.append((plan, token, value, memo))
         engine.admit = real_admit  # only this one
 
     engine.admit = hold
@@ -447,7 +447,7 @@ async def test_reads_under_one_generation_with_different_results_are_never_serve
     before = cache.snapshot()
 
     for raw in (older, newer, older, newer) if older_first else (newer, older, newer, older):
-        cache._engine.admit(plan, token, raw, memo_floor=floor)
+        cache._engine.admit(plan, token, raw, memo=floor)
 
     after = cache.snapshot()
     assert after.admissions == before.admissions + 1
@@ -478,8 +478,8 @@ async def test_the_same_result_admitted_twice_under_one_generation_stays_cached(
     assert await _by_id(d, coll, 1) == {"_id": 1, "v": "old"}
     ((plan, token, value, floor),) = held
 
-    cache._engine.admit(plan, token, value, memo_floor=floor)
-    cache._engine.admit(plan, token, bytes(value), memo_floor=floor)
+    cache._engine.admit(plan, token, value, memo=floor)
+    cache._engine.admit(plan, token, bytes(value), memo=floor)
 
     snap = cache.snapshot()
     assert snap.rejected_admissions.get("conflict", 0) == 0

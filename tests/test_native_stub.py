@@ -133,7 +133,7 @@ def test_an_owner_serves_no_reads(tmp_path: Path) -> None:
             lambda: owner.lookup(0, 0, 1, b"", b"", None),
             lambda: owner.lookup_id(0, 0, 1, None),
             lambda: owner.capture(0, b""),
-            lambda: owner.admit(b"", 1, b"", b"", None),
+            lambda: owner.admit(b"", 1, b"", b"", None, 0, 0),
         ):
             with pytest.raises(RuntimeError, match="owner serves no reads"):
                 call()

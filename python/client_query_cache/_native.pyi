@@ -142,17 +142,21 @@ class Cache:
         filter: Buffer,
         rest: Buffer,
         value: Buffer | None,
-        memo_floor: int = ...,
+        memo_floor: int,
+        memo_epoch: int,
         /,
     ) -> int:
         """One of the ADMIT_* codes; ``value`` None caches "not found".
-        ``memo_floor``: the causal floor this miss's result stands for (0:
-        none), so its entry is served before the stream reaches it."""
+        ``memo_floor``, ``memo_epoch``: the causal floor this miss's result
+        stands for and the memo epoch it ended with (0, 0: none), so its
+        entry is served before the stream reaches the floor while both
+        stand."""
 
-    def observe(self, db_idx: int, cluster_time: int, monotonic_ns: int, /) -> None:
+    def observe(self, db_idx: int, cluster_time: int, monotonic_ns: int, memo_epoch: int, /) -> None:
         """Raise the database's causal floor: a cluster time
         ``(seconds << 32) | increment`` and, on a one-member deployment, the
-        CLOCK_MONOTONIC time it was observed at (0 otherwise)."""
+        CLOCK_MONOTONIC time it was observed at (0 otherwise); and its memo
+        epoch (0: unchanged), which ends the memo entries of other ones."""
 
     def observe_id(
         self, db_idx: int, ns_idx: int, filter: Buffer, cluster_time: int, monotonic_ns: int, /

@@ -31,7 +31,7 @@ __all__ = ["CursorBase", "Collector"]
 class Collector:
     """The raw batches of a miss, kept until its cursor is exhausted."""
 
-    __slots__ = ("core", "step", "batches", "count", "size", "oversize", "observations")
+    __slots__ = ("core", "step", "batches", "count", "size", "oversize", "observations", "since")
 
     def __init__(self, core: CollectionCore, step: Step) -> None:
         self.core = core
@@ -41,10 +41,12 @@ class Collector:
         self.size = 0
         self.oversize = False
         self.observations = 0
+        #: The observation count after its last batch (Engine.observe).
+        self.since = step.observed
 
     def add(self, batch: bytes) -> list[Any]:
         """Keep one raw batch; return its documents decoded for the caller."""
-        self.core.observe()
+        self.since = self.core.observe(self.since)
         self.observations += 1
         docs = decode_documents(batch, self.core.codec)
         self.count += len(docs)
@@ -60,7 +62,7 @@ class Collector:
     def complete(self) -> None:
         """The cursor is exhausted: admit the complete result (the last
         getMore may have brought no batch, and a result may have none)."""
-        self.core.observe()
+        self.since = self.core.observe(self.since)
         self.observations += 1
         self.core.admit_documents(self.step, self.batches, self.count, self.oversize, self.observations)
 
@@ -101,6 +103,8 @@ class CursorBase:
         self._pos = 0
         self._source: Any = None  # the miss's raw batch cursor, or PyMongo's (bypass)
         self._collector: Collector | None = None
+        #: A bypass's observation count when it was sent (Engine.observe).
+        self._since: int | None = None
 
     # -- the first step --------------------------------------------------------
 
@@ -124,17 +128,19 @@ class CursorBase:
     def _bypass_call(self) -> Any:
         """PyMongo's ``find`` or ``aggregate`` with the caller's arguments (a
         cursor, or an awaitable of one for ``AsyncCollection.aggregate``)."""
+        self._since = self._core.observations()
         return getattr(self._raw, self._method)(*self._args, **self._kwargs)
 
     def _serve_bypass(self, source: Any) -> None:
         self._source = source
         self._started = True
-        self._core.observe()  # an aggregate has run; a find reads on its first fetch
+        # An aggregate has run; a find reads on its first fetch.
+        self._since = self._core.observe(self._since)
 
     def _bypassed(self, doc: Any) -> Any:
         """A document of PyMongo's cursor (a bypass), which may have read a
         batch for it."""
-        self._core.observe()
+        self._since = self._core.observe(self._since)
         return doc
 
     # -- iteration ----------------------------------------------------------------
@@ -224,6 +230,7 @@ class CursorBase:
         """An option this cursor does not model: PyMongo's cursor serves the
         read instead (counted as a bypass)."""
         self._core.count_bypass(BypassReason.UNSUPPORTED_OPTION)
+        self._since = self._core.observations()
         self._serve_bypass(self._raw.find(*self._args, **self._kwargs))
 
     def __getattr__(self, name: str) -> Any:

@@ -147,6 +147,9 @@ class Engine:
         self._db_idx: dict[str, int] = {}
         #: Observations made per database (see memo_floor).
         self._observed: dict[str, int] = {}
+        #: Per database, moved on by each observation of an operation that
+        #: overlapped another (see observe): it ends the memo's entries.
+        self._memo_epoch: dict[str, int] = {}
         #: The latest write to one document per database (observe_write_id),
         #: carried to a new owner's arena as the database's floor.
         self._targeted: dict[str, int] = {}
@@ -325,7 +328,7 @@ class Engine:
                     floor = _higher(floor, (self._targeted.get(db, 0), 0))
                     self._floors[db] = floor
                     self._db_idx[db] = handle.db_idx
-                    self.native.observe(handle.db_idx, *floor)
+                    self.native.observe(handle.db_idx, *floor, self._memo_epoch.get(db, 0))
                 self._namespaces[key] = handle
         return handle
 
@@ -339,13 +342,25 @@ class Engine:
 
     # -- the causal floor (coherence rule 7) --------------------------------
 
-    def observe(self, db: str) -> None:
+    def observe(self, db: str, since: int | None = None) -> int:
         """A read or write of ``db`` went to MongoDB: raise its floor to the
-        client's highest cluster time. Never raises (it runs after the
-        caller's operation, whose own result or error must stand)."""
+        client's highest cluster time; return the observation count with
+        it. ``since``: the count when the operation was sent (None: not
+        known). Never raises (it runs after the caller's operation, whose
+        own result or error must stand).
+
+        An operation that overlapped another observation of ``db`` (or of
+        unknown start) moves the memo epoch on, which ends every memo entry
+        of ``db``: a miss that ended while it was in flight may have taken
+        the floor from its reply (the client's cluster time is shared), and
+        what it read may be newer than that miss's result."""
         with self._lock:
-            self._observed[db] = self._observed.get(db, 0) + 1
-        self.observe_time(db, self._clock())
+            count = self._observed[db] = self._observed.get(db, 0) + 1
+            epoch = 0
+            if since is None or count != since + 1:
+                epoch = self._memo_epoch[db] = self._memo_epoch.get(db, 0) + 1
+        self.observe_time(db, self._clock(), epoch)
+        return count
 
     def observe_write_id(self, ns: NamespaceHandle, native: Any, filter_bytes: bytes) -> bool:
         """A write through a view to the one document ``filter_bytes``
@@ -369,20 +384,22 @@ class Engine:
         takes it with its token)."""
         return self._observed.get(db, 0)
 
-    def memo_floor(self, db: str, before: int, own: int) -> int:
+    def memo_floor(self, db: str, before: int, own: int) -> tuple[int, int]:
         """For a miss that took ``before`` with its token and has made
         ``own`` observations since: if no other read or write of ``db`` was
         observed meanwhile and the deployment has one member, the floor its
-        result stands for (module.c, CacheObject.memo), else 0. Its entry
-        may then be served before the stream reaches that floor: the read
-        began after everything else the process observed there, and ended
-        before anything else."""
+        result stands for and the memo epoch it ended with (floor.h, own
+        misses), else (0, 0). Its entry may then be served before the stream
+        reaches that floor, while floor and epoch stand: the read began after
+        everything else the process observed there and ended before
+        anything else, and an operation in flight meanwhile moves the epoch
+        on when it ends (observe)."""
         if not self._quiet_proof:
-            return 0
+            return 0, 0
         with self._lock:
             if self._observed.get(db, 0) != before + own:
-                return 0
-            return self._floors.get(db, (0, 0))[0]
+                return 0, 0
+            return self._floors.get(db, (0, 0))[0], self._memo_epoch.get(db, 0)
 
     def _now(self) -> int:
         """The floor's second part (see module.c): now, where quiet stream
@@ -392,24 +409,28 @@ class Engine:
             proof = self._quiet_proof = self._one_member()
         return time.monotonic_ns() if proof else 0
 
-    def observe_time(self, db: str, value: int) -> None:
-        """Raise ``db``'s floor to cluster time ``value``, observed now. A
-        time not above the floor changes nothing: what was observed is no
-        newer than what the floor already stands for (and a process that
-        keeps reading must not keep pushing the quiet-round part ahead)."""
+    def observe_time(self, db: str, value: int, epoch: int = 0) -> None:
+        """Raise ``db``'s floor to cluster time ``value``, observed now, and
+        its memo epoch to ``epoch`` (0: unchanged). A time not above the
+        floor leaves it as it is: what was observed is no newer than what
+        the floor already stands for (and a process that keeps reading must
+        not keep pushing the quiet-round part ahead)."""
         old = self._floors.get(db)
-        if old is not None and value <= old[0]:
+        if old is not None and value <= old[0] and not epoch:
             return
         now = self._now()
         with self._lock:
             old = self._floors.get(db, (0, 0))
-            if value <= old[0]:
+            if value > old[0]:
+                floor = self._floors[db] = _higher(old, (value, now))
+            elif epoch:
+                floor = (0, 0)
+            else:
                 return
-            floor = self._floors[db] = _higher(old, (value, now))
             native, db_idx = self.native, self._db_idx.get(db)
         if db_idx is not None:
             with contextlib.suppress(CacheClosedError, CacheForkedError):
-                native.observe(db_idx, *floor)
+                native.observe(db_idx, *floor, epoch)
 
     def observe_everywhere(self, value: int) -> None:
         """A command whose databases are not known (a transaction's commit,
@@ -526,19 +547,19 @@ class Engine:
         return token
 
     def admit(
-        self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False, memo_floor: int = 0
+        self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False, memo: tuple[int, int] = (0, 0)
     ) -> None:
         """Admit a miss's result: its BSON, or None for "not found". With
         ``rebind`` (a find_one by the fields of a unique index), the entry is
         validated by the identity of the document found (see
-        cqc_arena_w_rebind)."""
+        cqc_arena_w_rebind). ``memo``: what memo_floor gave."""
         if value is not None and len(value) > self.max_entry_bytes:
             self._count_reject(RejectReason.OVERSIZE)
             return
         # Rejections by the arena are counted there (see snapshot()); a
         # worker's ring counts what it had to drop.
         kind = plan.kind | _native.KIND_REBIND if rebind else plan.kind
-        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value, memo_floor)
+        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value, *memo)
 
     # -- state --------------------------------------------------------------
 

@@ -310,7 +310,7 @@ class CollectionCore:
         PyMongo would have returned."""
         plan = step.plan
         assert plan is not None and step.token is not None
-        self.observe()
+        self.observe(step.observed)
         kind = plan.kind
         if kind == KIND_FIND_ONE:
             value = None if result is None else result.raw
@@ -358,10 +358,16 @@ class CollectionCore:
     def count_bypass(self, reason: BypassReason) -> None:
         self.engine.count_bypass(reason)
 
-    def observe(self) -> None:
+    def observe(self, since: int | None = None) -> int:
         """A read or write of this collection went to MongoDB: raise the
-        database's causal floor (coherence rule 7)."""
-        self.engine.observe(self._db_name)
+        database's causal floor (coherence rule 7). ``since``: observations()
+        when it was sent (None: not known); returns the count with it."""
+        return self.engine.observe(self._db_name, since)
+
+    def observations(self) -> int:
+        """The database's observation count, taken before an operation is
+        sent (Engine.observe)."""
+        return self.engine.observations(self._db_name)
 
     def observe_write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A view's write ``method(*args, **kwargs)`` went to MongoDB. One

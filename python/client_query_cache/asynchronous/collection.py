@@ -51,10 +51,11 @@ class AsyncCachedCollection(CollectionBase):
             return core.finish(step, await core.miss_read(step))
         if step.kind is StepKind.HIT:
             return step.value
+        since = core.observations()
         try:
             return await bypass()
         finally:
-            core.observe()
+            core.observe(since)
 
     async def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
         """PyMongo's ``find_one``, served from the cache when safe."""

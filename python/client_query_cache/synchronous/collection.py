@@ -53,10 +53,11 @@ class CachedCollection(CollectionBase):
             return core.finish(step, core.miss_read(step))
         if step.kind is StepKind.HIT:
             return step.value
+        since = core.observations()
         try:
             return bypass()
         finally:
-            core.observe()
+            core.observe(since)
 
     def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
         """PyMongo's ``find_one``, served from the cache when safe."""
