@@ -289,6 +289,15 @@ async def test_wait_ready_without_streams_for_the_database_returns_false(d, db_n
     assert await d.r(cache.wait_ready(0, database=db_name)) is False
 
 
+async def test_wait_ready_after_close_raises_cache_closed(d, db_name):
+    cache = d.manager()
+    await d.ready(cache, db_name)
+    await d.r(cache.close())
+    for database in (None, db_name):
+        with pytest.raises(CacheClosedError):
+            await d.r(cache.wait_ready(1, database=database))
+
+
 # -- fork (sync API only) -------------------------------------------------------
 
 

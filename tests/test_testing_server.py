@@ -120,6 +120,25 @@ def test_failed_start_raises_with_the_server_output() -> None:
         assert first.running  # the first server is untouched
 
 
+def test_without_the_test_extra_the_error_names_it(monkeypatch) -> None:
+    # SecantusDB neither installed as a script nor importable: the extra
+    # that brings it is named, before any process is started.
+    from client_query_cache import testing
+
+    find_spec = testing.importlib.util.find_spec
+    monkeypatch.setattr(testing, "_SERVER_SCRIPT", "cqc-no-such-server")
+    monkeypatch.setattr(
+        testing.importlib.util, "find_spec", lambda name, *a: None if name == "secantus" else find_spec(name, *a)
+    )
+    server = DisposableServer()
+    try:
+        with pytest.raises(RuntimeError, match=r"client-query-cache\[test\]"):
+            server.start()
+        assert not server.running
+    finally:
+        server.close()
+
+
 @needs_local_server
 def test_disposable_uri_starts_and_removes_a_local_server(monkeypatch) -> None:
     monkeypatch.delenv("MONGODB_URI", raising=False)

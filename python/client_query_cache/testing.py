@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
 import math
 import os
 import shutil
@@ -95,6 +96,11 @@ def _server_command() -> list[str]:
     on_path = shutil.which(_SERVER_SCRIPT)
     if on_path is not None:
         return [on_path]
+    if importlib.util.find_spec("secantus") is None:
+        raise RuntimeError(
+            "the disposable server needs SecantusDB, which this environment lacks: "
+            "pip install 'client-query-cache[test]'"
+        )
     return [sys.executable, "-m", "secantus"]
 
 
