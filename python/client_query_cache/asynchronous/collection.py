@@ -2,11 +2,14 @@
 
 A hit completes without suspending the event loop: ``find_one`` awaits
 nothing unless it must read MongoDB. Cancelling a task during a miss's read
-admits nothing (admission happens after the read returns, in the same step).
+raises CancelledError and admits nothing (admission happens after the read
+returns, in the same step, and only if no cancellation was asked for
+meanwhile: PyMongo's read can swallow one and return its result).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,6 +38,20 @@ async def _probe(core: Any, step: Step) -> Step:
     return core.probed(step, infos, indexes)
 
 
+def _cancel_requests() -> int:
+    """The cancellations asked of the current task and not yet handled."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def _honour_cancel(before: int) -> None:
+    """After a miss's await: if the task was asked to cancel meanwhile and
+    the read returned all the same (PyMongo's network code can swallow the
+    request), end the task as asked, before anything is admitted."""
+    if _cancel_requests() > before:
+        raise asyncio.CancelledError
+
+
 class AsyncCachedCollection(CollectionBase):
     """A PyMongo ``AsyncCollection`` whose safe reads are served from the
     cache; the async twin of ``CachedCollection``."""
@@ -45,10 +62,15 @@ class AsyncCachedCollection(CollectionBase):
     async def _serve(self, step: Step, bypass: Callable[[], Awaitable[Any]]) -> Any:
         """Drive a read's steps with the async client (a hit awaits nothing)."""
         core = self._core
+        if step.kind is StepKind.HIT:
+            return step.value
+        cancels = _cancel_requests()
         if step.kind is StepKind.PROBE:
             step = await _probe(core, step)
         if step.kind is StepKind.READ:
-            return core.finish(step, await core.miss_read(step))
+            result = await core.miss_read(step)
+            _honour_cancel(cancels)
+            return core.finish(step, result)
         if step.kind is StepKind.HIT:
             return step.value
         since = core.observations()
@@ -122,11 +144,14 @@ class AsyncCachedCursor(CursorBase):
     async def _start(self) -> None:
         core = self._core
         step = self._first_step()
+        cancels = _cancel_requests()
         if step.kind is StepKind.PROBE:
             step = await _probe(core, step)
         if step.kind is StepKind.READ:
             source = core.miss_read(step)
-            self._serve_read(step, await source if self._method == "aggregate" else source)
+            source = await source if self._method == "aggregate" else source
+            _honour_cancel(cancels)
+            self._serve_read(step, source)
         elif step.kind is StepKind.HIT:
             self._serve_hit(step)
         else:
@@ -147,14 +172,26 @@ class AsyncCachedCursor(CursorBase):
                 return self._bypassed(await self._source.__anext__())  # PyMongo's cursor (a bypass)
             if not self._needs_batch():
                 raise StopAsyncIteration
+            cancels = _cancel_requests()
             try:
                 batch = await self._source.__anext__()
             except StopAsyncIteration:
+                self._honour_cancel(cancels)
                 self._exhausted()
                 raise
+            self._honour_cancel(cancels)
             self._take_batch(batch)
 
     next = __anext__
+
+    def _honour_cancel(self, before: int) -> None:
+        """_honour_cancel for a miss's batch: a cancelled miss admits nothing,
+        even if its cursor is read on."""
+        try:
+            _honour_cancel(before)
+        except asyncio.CancelledError:
+            self._abandon()
+            raise
 
     async def to_list(self, length: int | None = None) -> list[Any]:
         """The remaining documents (at most ``length``), as PyMongo's ``to_list``."""

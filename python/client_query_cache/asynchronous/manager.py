@@ -38,8 +38,10 @@ class AsyncCacheManager(ManagerBase):
 
     async def close(self) -> None:
         """Stop the change streams (in a worker thread: joining them can take
-        up to ``max_await_time_ms``). Idempotent; the client stays open."""
-        await asyncio.to_thread(self._engine.close)
+        up to ``max_await_time_ms``). Idempotent; the client stays open. A
+        cancelled close still closes: the thread runs to the end, and only
+        the wait for it is cancelled."""
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, self._engine.close))
 
     async def __aenter__(self) -> AsyncCacheManager:
         return self
