@@ -84,6 +84,135 @@ def aggregate_docs(d: Any) -> Callable[[Any], Any]:
 PIPELINE = [{"$match": {"a": {"$gte": 0}}}, {"$sort": {"_id": 1}}]
 
 
+# == cursors =========================================================================
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_rewind_after_iteration_returns_the_cursor_and_serves_again(d, items, mode):
+    view = await items.view_for(mode, find_docs(d))
+    expected = await all_docs(d, items.raw.find({}, sort=[("_id", 1)]))
+    before = items.counts()
+    cursor = view.find({}, sort=[("_id", 1)])
+    assert await all_docs(d, cursor) == expected
+    items.check_mode(mode, before)
+    assert await d.r(cursor.rewind()) is cursor
+    assert await all_docs(d, cursor) == expected
+    # Options may be set again once rewound, as PyMongo allows.
+    assert await d.r(cursor.rewind()) is cursor
+    assert await all_docs(d, cursor.limit(2)) == expected[:2]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_clone_and_copies_are_new_unevaluated_cursors_with_the_same_options(d, items, mode):
+    view = await items.view_for(mode, find_docs(d, skip=2))
+    expected = await all_docs(d, items.raw.find({}, sort=[("_id", 1)], skip=2))
+    cursor = view.find({}, sort=[("_id", 1)]).skip(2)
+    before = items.counts()
+    assert await all_docs(d, cursor) == expected
+    items.check_mode(mode, before)
+    for other in (cursor.clone(), copy.copy(cursor), copy.deepcopy(cursor)):
+        assert other is not cursor and type(other) is type(cursor)
+        assert await all_docs(d, other) == expected
+    assert await all_docs(d, cursor) == []  # the original stays exhausted
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_cursor_properties_are_pymongos(d, items, mode):
+    view = await items.view_for(mode, find_docs(d))
+    cursor, raw = view.find({}, sort=[("_id", 1)]), items.raw.find({}, sort=[("_id", 1)])
+    for c in (cursor, raw):
+        assert (c.cursor_id, c.address, c.alive, c.session, c.retrieved) == (None, None, True, None, 0)
+    before = items.counts()
+    await all_docs(d, cursor)
+    await all_docs(d, raw)
+    items.check_mode(mode, before)
+    assert (cursor.cursor_id, cursor.alive, cursor.session, cursor.retrieved) == (0, False, None, len(DOCS))
+    assert (raw.cursor_id, raw.alive, raw.session, raw.retrieved) == (0, False, None, len(DOCS))
+    # A hit reads no server (docs/api.md): its address is None.
+    assert cursor.address == (None if mode == "warm" else raw.address)
+    # Only what PyMongo's class has: a find cursor has no try_next, and
+    # asking does not hand the read to PyMongo.
+    fresh = view.find({})
+    bypasses = items.cache.snapshot().bypass_total
+    assert not hasattr(fresh, "try_next") and not hasattr(items.raw.find({}), "try_next")
+    assert items.cache.snapshot().bypass_total == bypasses
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_indexing_and_slicing_a_find_cursor_act_as_pymongos(d, items, mode):
+    view = await items.view_for(mode, find_docs(d, skip=4, limit=1))  # what cursor[4] reads
+    if not d.is_async:  # PyMongo's async cursor refuses every index
+        before = items.counts()
+        assert view.find({}, sort=[("_id", 1)])[4] == DOCS[4]
+        items.check_mode(mode, before)
+
+    async def both(op: Callable[[Any], Any]) -> None:
+        def run(coll: Any) -> Any:
+            return op(coll.find({}, sort=[("_id", 1)]))
+
+        mine, theirs = await async_outcome(lambda: run(view)), await async_outcome(lambda: run(items.raw))
+        if mine[0] == "returned" and hasattr(mine[1], "to_list"):
+            mine, theirs = ("returned", await all_docs(d, mine[1])), ("returned", await all_docs(d, theirs[1]))
+        assert mine == theirs
+
+    for index in (3, 0, 11, 12, 100, -1, "x", slice(2, 5), slice(5, 5), slice(5, 2), slice(None, 3), slice(8, None),
+                  slice(0, 4, 2), slice(-1, 2)):  # fmt: skip
+        await both(lambda c, index=index: c[index])
+    await both(lambda c: c.skip(3)[1])
+    await both(lambda c: c.limit(2)[5])
+    await both(lambda c: c.skip(3).limit(1)[1:4])
+    if not d.is_async:
+
+        def started(coll: Any) -> Any:
+            cursor = coll.find({})
+            next(cursor)
+            return cursor
+
+        for index in (1, slice(1, 2)):
+            with pytest.raises(InvalidOperation):
+                started(view)[index]
+            with pytest.raises(InvalidOperation):
+                started(items.raw)[index]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_aggregate_cursor_acts_as_pymongos_command_cursor(d, items, mode):
+    view = await items.view_for(mode, aggregate_docs(d))
+    expected = DOCS
+    before = items.counts()
+    cursor = await d.r(view.aggregate(PIPELINE))
+    items.check_mode(mode, before)
+    raw = await d.r(items.raw.aggregate(PIPELINE))
+    # batch_size on a started command cursor returns the cursor; bad sizes
+    # raise what PyMongo raises.
+    assert cursor.batch_size(5) is cursor and raw.batch_size(5) is raw
+    for bad in (-1, "x", None):
+        assert outcome(lambda bad=bad: cursor.batch_size(bad)) == outcome(lambda bad=bad: raw.batch_size(bad))
+    # try_next: each document, then None at the end, like PyMongo.
+    got = [await d.r(cursor.try_next()) for _ in range(len(expected) + 2)]
+    assert got == expected + [None, None]
+    assert [await d.r(raw.try_next()) for _ in range(len(expected) + 2)] == got
+    assert (cursor.cursor_id, cursor.alive, cursor.session) == (0, False, None)
+    assert (raw.cursor_id, raw.alive, raw.session) == (0, False, None)
+    # A command cursor has none of the find cursor's members.
+    for name in ("rewind", "clone", "retrieved"):
+        assert hasattr(cursor, name) is hasattr(raw, name) is False
+    assert outcome(lambda: cursor[0]) == outcome(lambda: raw[0]) == ("raised", TypeError, None)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_empty_slice_reads_nothing(d, items, mode):
+    if d.is_async:
+        pytest.skip("PyMongo's async cursor has no slicing")
+    view = await items.view_for(mode, find_docs(d))
+    before = items.counts()
+    assert list(view.find({})[5:5]) == list(items.raw.find({})[5:5]) == []
+    assert items.counts() == before  # nothing looked up, nothing read
+    # A new limit ends the empty slice; its skip stays.
+    cursor = view.find({}, sort=[("_id", 1)])[5:5].limit(2)
+    assert list(cursor) == list(items.raw.find({}, sort=[("_id", 1)])[5:5].limit(2)) == DOCS[5:7]
+
+
 # == arguments are checked before the lookup ============================================
 
 #: (bad call, the same call without what is bad): method, args, kwargs, and
