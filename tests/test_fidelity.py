@@ -279,6 +279,20 @@ async def test_good_arguments_of_odd_shapes_are_still_served_from_the_cache(d, i
         assert await items.d.served(items.cache, lambda: call(d, items.view, method, args, kwargs)) == expected
 
 
+# == sub-collections ===================================================================
+
+
+async def test_sub_collections_by_attribute_and_by_item_are_cached_views(d, items, client, db_name):
+    client[db_name]["items.chunks"].insert_many([{"_id": i, "n": i} for i in range(3)])
+    for sub in (items.view.chunks, items.view["chunks"]):
+        assert type(sub) is d.Collection
+        assert sub.full_name == f"{db_name}.items.chunks"
+        assert await items.d.served(items.cache, lambda sub=sub: sub.count_documents({})) == 3
+    assert type(items.view["chunks"]["x"]) is d.Collection
+    with pytest.raises(AttributeError):
+        items.view._chunks  # PyMongo's rule: private names are not collections
+
+
 # == equal reads share one entry ========================================================
 
 

@@ -42,6 +42,7 @@ class AsyncCachedCollection(CollectionBase):
     cache; the async twin of ``CachedCollection``."""
 
     __slots__ = ()
+    _raw_collection_type = AsyncCollection
     _bound_session = bound_session_getter(asynchronous=True)
 
     async def _serve(self, step: Step, bypass: Callable[[], Awaitable[Any]]) -> Any:

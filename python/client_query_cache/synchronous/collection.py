@@ -44,6 +44,7 @@ class CachedCollection(CollectionBase):
     """
 
     __slots__ = ()
+    _raw_collection_type = Collection
     _bound_session = bound_session_getter(asynchronous=False)
 
     def _serve(self, step: Step, bypass: Callable[[], Any]) -> Any:
