@@ -437,19 +437,44 @@ def _plan_filter(
     return canonical, encoded
 
 
-def _neutral(kwargs: dict[str, Any], neutral: frozenset[str]) -> dict[str, Any] | BypassReason:
-    """Split off ``session`` and ``hint`` (bypass unless None) and
+#: Options whose values only the server judges (PyMongo sends them as given):
+#: a value outside these shapes is sent to PyMongo (``unsupported_option``),
+#: so a hit never answers a read the server would refuse.
+_MAX_TIME_MS = ("maxTimeMS", "max_time_ms")
+_INT32_MAX = 2**31 - 1
+
+
+def server_accepts(name: str, value: Any, codec_options: CodecOptions[Any]) -> bool:
+    """Whether the server surely accepts ``value`` for option ``name`` (one
+    of maxTimeMS, allowDiskUse, comment; any other name: True)."""
+    if name in _MAX_TIME_MS:
+        return (value is None and name == "max_time_ms") or (type(value) is int and 0 <= value <= _INT32_MAX)
+    if name == "allowDiskUse":
+        return type(value) is bool
+    if name == "comment":
+        return value is None or type(value) is str or _encode({"c": value}, codec_options) is not None
+    return True
+
+
+def _neutral(
+    kwargs: dict[str, Any], neutral: frozenset[str], codec_options: CodecOptions[Any] = _PLAIN, hint: bool = True
+) -> dict[str, Any] | BypassReason:
+    """Split off ``session`` and ``hint`` (bypass unless None; any ``hint``
+    without ``hint=True``: the method sends or checks even None) and
     ``collation`` unless it is ``neutral`` (then the caller keys it), and
-    check that every other keyword is ``neutral``."""
+    check that every other keyword is ``neutral`` with a value the server
+    accepts."""
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
         if name == "session":
             if value is not None:
                 return BypassReason.SESSION
         elif name == "hint" or (name == "collation" and name not in neutral):
-            if value is not None:
+            if value is not None or (name == "hint" and not hint):
                 return BypassReason.UNSUPPORTED_OPTION
         elif name in neutral:
+            if not server_accepts(name, value, codec_options):
+                return BypassReason.UNSUPPORTED_OPTION
             out[name] = value
         else:
             return BypassReason.UNSUPPORTED_OPTION
@@ -510,6 +535,8 @@ def _classify_find(
         elif name == "collation":
             collation = value
         elif name in _NEUTRAL_OPTIONS:
+            if not server_accepts(name, value, codec_options):
+                return BypassReason.UNSUPPORTED_OPTION
             read_kwargs[name] = value
         elif name in _RESULT_OPTIONS:
             if value != _RESULT_OPTIONS[name]:
@@ -588,7 +615,9 @@ def classify_aggregate(
         return reason
     kwargs = dict(kwargs)
     let = kwargs.pop("let", None)
-    neutral = _neutral(kwargs, frozenset({"comment", "batchSize", "maxTimeMS", "allowDiskUse", "collation"}))
+    neutral = _neutral(
+        kwargs, frozenset({"comment", "batchSize", "maxTimeMS", "allowDiskUse", "collation"}), codec_options, hint=False
+    )
     if isinstance(neutral, BypassReason):
         return neutral
     if let is not None:
@@ -619,7 +648,9 @@ def classify_count_documents(
         return BypassReason.UNSUPPORTED_OPTION
     keyed = {name: kwargs[name] for name in _COUNT_KEYED if name in kwargs}
     rest_kwargs = {k: v for k, v in kwargs.items() if k not in keyed}
-    neutral = _neutral(rest_kwargs, frozenset({"comment", "maxTimeMS", "collation"}))
+    if type(keyed.get("skip")) is int and keyed["skip"] == 0:
+        del keyed["skip"]  # the same count as no skip: one entry (a bool is sent as it is)
+    neutral = _neutral(rest_kwargs, frozenset({"comment", "maxTimeMS", "collation"}), codec_options, hint=False)
     if isinstance(neutral, BypassReason):
         return neutral
     planned = _plan_filter(filter, codec_options)
@@ -638,9 +669,9 @@ def classify_estimated_document_count(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> ReadPlan | BypassReason:
     """Decide whether ``estimated_document_count(*args, **kwargs)`` can be cached."""
-    if args:
-        return BypassReason.UNSUPPORTED_OPTION
-    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS"}))
+    if args or kwargs.get("session", 0) is None:
+        return BypassReason.UNSUPPORTED_OPTION  # PyMongo refuses a session, even None
+    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS"}), hint=False)
     if isinstance(neutral, BypassReason):
         return neutral
     return ReadPlan(KIND_ESTIMATED_COUNT, _EMPTY_DOC, b"", "estimated_document_count", (), neutral)
@@ -660,7 +691,7 @@ def classify_distinct(
             return BypassReason.UNKNOWN_OPTION  # given twice: PyMongo raises
         kwargs["filter"] = args[0]
     filter = kwargs.pop("filter", None)
-    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS", "collation"}))
+    neutral = _neutral(kwargs, frozenset({"comment", "maxTimeMS", "collation"}), codec_options)
     if isinstance(neutral, BypassReason):
         return neutral
     planned = _plan_filter({} if filter is None else filter, codec_options)

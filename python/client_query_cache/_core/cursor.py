@@ -17,6 +17,7 @@ source, which is one of
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pymongo.errors import InvalidOperation
@@ -25,7 +26,7 @@ from .engine import decode_documents
 from .read import CollectionCore, Step
 from .reasons import BypassReason
 
-__all__ = ["CursorBase", "Collector"]
+__all__ = ["CursorBase", "Collector", "only", "slice_bounds"]
 
 
 class Collector:
@@ -87,10 +88,57 @@ def _plain_sort(key_or_list: Any, direction: Any) -> bool:
     )
 
 
+class only:
+    """A member of one kind of cursor only (``"find"``: PyMongo's ``Cursor``
+    has it, ``"aggregate"``: its ``CommandCursor``). On the other kind it
+    raises ``AttributeError``, so ``hasattr`` answers as for PyMongo's class."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.member: Any = None
+        self.name = ""
+
+    def __call__(self, member: Any) -> only:
+        self.member = member
+        self.__doc__ = member.__doc__
+        return self
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, cursor: Any, owner: type | None = None) -> Any:
+        if cursor is None:
+            return self
+        if cursor._method != self.kind:
+            raise AttributeError(f"an {cursor._method} cursor has no attribute {self.name!r}")
+        return self.member.__get__(cursor, owner)
+
+
+def slice_bounds(index: slice) -> tuple[int, int, bool]:
+    """``cursor[start:stop]`` as PyMongo's ``Cursor.__getitem__`` reads it:
+    (skip, limit, empty), or PyMongo's ``IndexError``."""
+    if index.step is not None:
+        raise IndexError("Cursor instances do not support slice steps")
+    skip = 0
+    if index.start is not None:
+        if index.start < 0:
+            raise IndexError("Cursor instances do not support negative indices")
+        skip = index.start
+    limit = 0
+    if index.stop is not None:
+        limit = index.stop - skip
+        if limit < 0:
+            raise IndexError(f"stop index must be greater than start index for slice {index!r}")
+    return skip, limit, index.stop is not None and limit == 0
+
+
 class CursorBase:
     """What the sync and async cursors share: options, state, buffering."""
 
     _method: str  # "find" or "aggregate"
+    #: PyMongo's cursor classes of the facade's API, by method: what
+    #: __getattr__ may hand a read to.
+    _pymongo_classes: dict[str, type]
 
     def __init__(self, core: CollectionCore, raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._core = core
@@ -105,6 +153,13 @@ class CursorBase:
         self._collector: Collector | None = None
         #: A bypass's observation count when it was sent (Engine.observe).
         self._since: int | None = None
+        #: Handed to PyMongo's cursor for good (an option the cache does not
+        #: model): rewind, clone and options are that cursor's.
+        self._pinned = False
+        #: A zero-length slice: no documents and no read (PyMongo's _empty).
+        self._empty = False
+        #: Documents of a hit, or received by a miss (``retrieved``).
+        self._retrieved = 0
 
     # -- the first step --------------------------------------------------------
 
@@ -117,6 +172,7 @@ class CursorBase:
 
     def _serve_hit(self, step: Step) -> None:
         self._docs = step.value
+        self._retrieved = len(step.value)
         self._started = True
 
     def _serve_read(self, step: Step, source: Any) -> None:
@@ -162,6 +218,7 @@ class CursorBase:
         """A raw batch (bytes) of a find, or one RawBSONDocument of an aggregate."""
         assert self._collector is not None
         self._docs = self._collector.add(batch if type(batch) is bytes else batch.raw)
+        self._retrieved += len(self._docs)
         self._pos = 0
 
     def _exhausted(self) -> None:
@@ -176,15 +233,39 @@ class CursorBase:
         self._pos = 0
         self._started = True
 
+    def _rewound(self) -> Any:
+        """Back to the unevaluated state with the same options (``rewind``):
+        a miss in progress admits nothing. Returns the source to close, or
+        to rewind if the cursor is PyMongo's for good."""
+        source = self._source
+        self._collector = None
+        self._docs = None
+        self._pos = 0
+        self._retrieved = 0
+        if not self._pinned:
+            self._source = None
+            self._started = False
+        return source
+
+    def _check_okay_to_chain(self) -> None:
+        """PyMongo's check before an option is set: not once the read started."""
+        if self._started:
+            raise InvalidOperation("cannot set options after executing query")
+
     # -- options before the read starts --------------------------------------------
 
     def _set_option(self, name: str, value: Any) -> Any:
-        if self._started:
-            raise InvalidOperation("cannot set options after executing query")
+        if self._pinned:
+            getattr(self._source, name)(value)  # PyMongo's cursor checks and keeps it
+            return self
+        self._check_okay_to_chain()
         if len(self._args) > 2:
             # find(filter, projection, skip, limit, ...): let PyMongo merge them.
             self._give_to_pymongo()
-            return getattr(self._source, name)(value)
+            getattr(self._source, name)(value)
+            return self
+        if name == "limit":
+            self._empty = False
         self._kwargs[name] = value
         return self
 
@@ -207,8 +288,15 @@ class CursorBase:
         return self._set_option("skip", skip)
 
     def batch_size(self, batch_size: int) -> Any:
+        """The cursor; for an aggregate (PyMongo's ``CommandCursor``) also
+        once the read has started: it sizes the miss's or the bypass's next
+        batches."""
         if type(batch_size) is not int or batch_size < 0:
             self._pymongo_check("batch_size", batch_size)
+        if self._method == "aggregate":
+            if self._source is not None:
+                self._source.batch_size(batch_size)
+            return self
         return self._set_option("batch_size", batch_size)
 
     def max_time_ms(self, max_time_ms: int | None) -> Any:
@@ -229,18 +317,132 @@ class CursorBase:
     def _give_to_pymongo(self) -> None:
         """An option this cursor does not model: PyMongo's cursor serves the
         read instead (counted as a bypass)."""
+        source = self._raw.find(*self._args, **self._kwargs)
+        if self._empty:
+            source = source[0:0]
+        self._pin(source)
+
+    def _pin(self, source: Any) -> None:
+        """Serve the read with PyMongo's cursor ``source``, for good."""
         self._core.count_bypass(BypassReason.UNSUPPORTED_OPTION)
         self._since = self._core.observations()
-        self._serve_bypass(self._raw.find(*self._args, **self._kwargs))
+        self._pinned = True
+        self._serve_bypass(source)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
+        if name.startswith("_") or not hasattr(self._pymongo_classes[self._method], name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         if not self._started and self._method == "find":
             self._give_to_pymongo()
         if self._docs is None and self._source is not None:
             return getattr(self._source, name)  # PyMongo's cursor serves this read
         raise AttributeError(f"{name!r} is not available on a cursor served from the cache")
+
+    # -- PyMongo's cursor surface ----------------------------------------------
+
+    @property
+    def cursor_id(self) -> int | None:
+        """PyMongo's ``cursor_id``: None before the first read; 0 for a hit
+        (no server cursor) and once the server's cursor is exhausted."""
+        if not self._started:
+            return None
+        if self._source is None:
+            return 0
+        return self._source.cursor_id  # type: ignore[no-any-return]
+
+    @property
+    def address(self) -> Any:
+        """PyMongo's ``address``: the (host, port) read from, None for a hit."""
+        return None if self._source is None else self._source.address
+
+    @property
+    def session(self) -> Any:
+        """PyMongo's ``session``: the explicit session of a read PyMongo
+        serves, else None (a cached read never runs in one)."""
+        return None if self._source is None else self._source.session
+
+    @only("find")
+    @property
+    def retrieved(self) -> int:
+        """PyMongo's ``retrieved``: documents received so far (a hit's are
+        all there once it started)."""
+        if self._docs is None and self._source is not None:
+            return int(self._source.retrieved)
+        return self._retrieved
+
+    def _clone(self, deep: bool, memo: dict[int, Any] | None = None) -> Any:
+        """A new unevaluated cursor with this one's arguments and options;
+        ``deep``: copies of them (the session itself is shared, as PyMongo
+        does)."""
+        args, kwargs = self._args, dict(self._kwargs)
+        if deep:
+            args = copy.deepcopy(args, memo)
+            kwargs = {k: v if k == "session" else copy.deepcopy(v, memo) for k, v in kwargs.items()}
+        clone = type(self)(self._core, self._raw, args, kwargs, self._method)  # type: ignore[call-arg]
+        clone._empty = self._empty
+        if self._pinned:
+            clone._pin(self._source.clone() if deep else copy.copy(self._source))
+        return clone
+
+    @only("find")
+    def clone(self) -> Any:
+        """PyMongo's ``clone()``: a new unevaluated cursor with the same
+        arguments and options (deep copies), read through the cache."""
+        return self._clone(True)
+
+    def __copy__(self) -> Any:
+        """``copy.copy``: for a find, ``clone()`` without copying the
+        arguments (PyMongo's ``Cursor.__copy__``); for an aggregate, another
+        cursor over the same documents (it admits nothing)."""
+        if self._method == "find":
+            return self._clone(False)
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other._collector = None
+        return other
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """``copy.deepcopy``: ``clone()`` for a find; an aggregate cursor
+        cannot be deep-copied (nor can PyMongo's ``CommandCursor``)."""
+        if self._method != "find":
+            raise TypeError("an aggregate cursor cannot be deep-copied")
+        return self._clone(True, memo)
+
+    def _slice(self, index: slice) -> Any:
+        """``cursor[start:stop]`` of a find, as PyMongo: this cursor, with
+        the slice's skip and limit in place of any before."""
+        skip, limit, empty = slice_bounds(index)
+        self._kwargs["skip"] = skip
+        self._kwargs["limit"] = limit
+        self._empty = empty
+        return self
+
+    def _item_cursor(self, index: Any) -> Any:
+        """``cursor[index]`` of a find: the checks PyMongo makes, then the
+        cursor that reads that one document (None for a slice, applied to
+        this cursor). A cursor that is PyMongo's, or given skip and limit
+        positionally, leaves it to PyMongo's cursor (``self._source``):
+        ``self`` is returned then."""
+        if self._method != "find":
+            raise TypeError(f"{type(self).__name__!r} object of an aggregate is not subscriptable")
+        if not self._pinned:
+            self._check_okay_to_chain()
+            if len(self._args) > 2:
+                self._give_to_pymongo()
+        if self._pinned:
+            return self
+        self._empty = False
+        if isinstance(index, slice):
+            self._slice(index)
+            return None
+        if isinstance(index, int):
+            if index < 0:
+                raise IndexError("Cursor instances do not support negative indices")
+            clone = self._clone(True)
+            clone._kwargs["skip"] = index + self._kwargs.get("skip", 0)
+            clone._kwargs["limit"] = 1  # PyMongo's -1 (one batch) would bypass
+            return clone
+        raise TypeError(f"index {index!r} cannot be applied to Cursor instances")
 
     @property
     def alive(self) -> bool:

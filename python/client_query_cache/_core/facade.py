@@ -50,6 +50,8 @@ class CollectionBase:
     __slots__ = ("_engine", "_raw", "_core")
     #: causal.bound_session_getter for the facade's PyMongo API.
     _bound_session: ClassVar[Callable[[], Any]]
+    #: The facade's PyMongo collection class (sub-collections are wrapped).
+    _raw_collection_type: ClassVar[type]
 
     def __init__(self, engine: Engine, collection: Any) -> None:
         self._engine = engine
@@ -73,11 +75,20 @@ class CollectionBase:
         """The same collection with other PyMongo options, also cached."""
         return type(self)(self._engine, self._raw.with_options(**options))
 
+    def __getitem__(self, name: str) -> Any:
+        """The sub-collection ``<this collection>.name``, also cached
+        (PyMongo's ``collection[name]``)."""
+        return type(self)(self._engine, self._raw[name])
+
     def __getattr__(self, name: str) -> Any:
-        # Writes and everything else are PyMongo's own.
+        # Writes and everything else are PyMongo's own; a sub-collection
+        # (coll.chunks) reads through the cache.
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._raw, name)
+        value = getattr(self._raw, name)
+        if isinstance(value, self._raw_collection_type):
+            return type(self)(self._engine, value)
+        return value
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._raw!r})"

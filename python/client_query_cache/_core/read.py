@@ -53,6 +53,7 @@ from .causal import BLOCKS, after_floor
 from .engine import BEHIND, FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
 from .errors import CacheClosedError
 from .reasons import BypassReason
+from .validate import check_aggregate, check_collation, check_find, check_find_one
 
 __all__ = ["CollectionCore", "Step", "StepKind"]
 
@@ -113,7 +114,7 @@ class CollectionCore:
     """
 
     __slots__ = (
-        "engine", "native", "ns", "codec", "primary", "primary_values", "probe_db", "bypass",
+        "engine", "native", "ns", "codec", "raw", "primary", "primary_values", "probe_db", "bypass",
         "fast", "generation", "bound_session", "_db_name", "_coll_name", "_base_bypass",
     )  # fmt: skip
 
@@ -124,6 +125,8 @@ class CollectionCore:
         self.bound_session = bound_session
         self.native = engine.native
         self.codec = collection.codec_options
+        #: The caller's collection: PyMongo's argument checks (validate.py).
+        self.raw = collection
         # Misses read raw BSON at primary with majority read concern
         # (coherence rule 4), whatever the collection's own settings.
         self.primary = collection.with_options(
@@ -173,27 +176,48 @@ class CollectionCore:
         """``find_one(filter, *args, **kwargs)``: classify, look up (unless
         ``looked_up`` already holds the fast path's MISS or UNHEALTHY), and
         say what the facade must do next."""
-        return self._start(lambda: classify_find_one(filter, args, kwargs, self.codec), looked_up)
+        return self._start(
+            lambda: classify_find_one(filter, args, kwargs, self.codec),
+            looked_up,
+            lambda: check_find_one(self.raw, filter, args, kwargs),
+        )
 
     def start_count_documents(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
-        return self._start(lambda: classify_count_documents(filter, args, kwargs, self.codec))
+        return self._start(
+            lambda: classify_count_documents(filter, args, kwargs, self.codec), check=lambda: check_collation(kwargs)
+        )
 
     def start_estimated_document_count(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         return self._start(lambda: classify_estimated_document_count(args, kwargs))
 
     def start_distinct(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
-        return self._start(lambda: classify_distinct(key, args, kwargs, self.codec))
+        return self._start(
+            lambda: classify_distinct(key, args, kwargs, self.codec), check=lambda: check_collation(kwargs)
+        )
 
     def start_find(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         """``find(*args, **kwargs)``; a HIT's value is the list of documents."""
-        return self._start(lambda: classify_find(args, kwargs, self.codec))
+        return self._start(
+            lambda: classify_find(args, kwargs, self.codec), check=lambda: check_find(self.raw, args, kwargs)
+        )
 
     def start_aggregate(self, pipeline: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         """``aggregate(pipeline, *args, **kwargs)``; a HIT's value is the list
         of documents."""
-        return self._start(lambda: classify_aggregate(pipeline, args, kwargs, self.codec))
+        return self._start(
+            lambda: classify_aggregate(pipeline, args, kwargs, self.codec), check=lambda: check_aggregate(kwargs)
+        )
 
-    def _start(self, classify: Callable[[], ReadPlan | BypassReason], looked_up: Any = None) -> Step:
+    def _start(
+        self,
+        classify: Callable[[], ReadPlan | BypassReason],
+        looked_up: Any = None,
+        check: Callable[[], None] | None = None,
+    ) -> Step:
+        """Classify a read and look it up. ``check`` raises what PyMongo
+        raises for the read's arguments before any I/O; it runs before the
+        lookup of a cacheable read (a bypass is PyMongo's to check), so that
+        a hit raises what a miss raises."""
         if self.generation != self.engine.generation or (
             self.ns.retry_at and time.monotonic() >= self.ns.retry_at
         ):
@@ -211,6 +235,8 @@ class CollectionCore:
             reason = BypassReason.STREAM_BEHIND
         if reason is None:
             plan = classify()
+            if check is not None and type(plan) is ReadPlan:
+                check()
             if type(plan) is ReadPlan and self.ns.collation[1] is not None:
                 collated = self._under_default_collation(plan, self.engine.ns_key(self.ns))
                 if collated is not plan:

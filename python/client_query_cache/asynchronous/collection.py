@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.command_cursor import AsyncCommandCursor
+from pymongo.asynchronous.cursor import AsyncCursor
 from pymongo.errors import OperationFailure
 
 from .._core.causal import bound_session_getter
-from .._core.cursor import CursorBase
+from .._core.cursor import CursorBase, only
 from .._core.facade import CollectionBase, DatabaseBase, install_write_methods
 from .._core.read import Step, StepKind
 
@@ -57,6 +59,7 @@ class AsyncCachedCollection(CollectionBase):
     cache; the async twin of ``CachedCollection``."""
 
     __slots__ = ()
+    _raw_collection_type = AsyncCollection
     _bound_session = bound_session_getter(asynchronous=True)
 
     async def _serve(self, step: Step, bypass: Callable[[], Awaitable[Any]]) -> Any:
@@ -131,9 +134,16 @@ install_write_methods(AsyncCachedCollection, _observed_write)
 
 
 class AsyncCachedCursor(CursorBase):
-    """The async twin of ``CachedCursor``: ``async for``, ``to_list()``,
-    ``next()``, ``close()``, ``async with``; ``limit``, ``skip``, ``sort``,
-    ``batch_size``, ``max_time_ms`` and ``comment`` before the first document."""
+    """The async twin of ``CachedCursor``, with the surface of PyMongo's
+    ``AsyncCursor`` (find) and ``AsyncCommandCursor`` (aggregate): ``async
+    for``, ``to_list()``, ``next()``, ``close()``, ``async with``,
+    ``cursor_id``, ``address``, ``alive``, ``session``; for a find the
+    option methods before the first document, ``await rewind()``,
+    ``clone()``, ``copy.copy``/``copy.deepcopy``, ``retrieved`` (indexing
+    raises ``IndexError``, as PyMongo's async cursor); for an aggregate
+    ``await try_next()`` and ``batch_size``."""
+
+    _pymongo_classes = {"find": AsyncCursor, "aggregate": AsyncCommandCursor}
 
     def __init__(
         self, core: Any, raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str = "find"
@@ -163,6 +173,8 @@ class AsyncCachedCursor(CursorBase):
 
     async def __anext__(self) -> Any:
         if not self._started:
+            if self._empty:
+                raise StopAsyncIteration
             await self._start()
         while True:
             more, doc = self._buffered()
@@ -192,6 +204,35 @@ class AsyncCachedCursor(CursorBase):
         except asyncio.CancelledError:
             self._abandon()
             raise
+
+    @only("aggregate")
+    async def try_next(self) -> Any:
+        """PyMongo's ``AsyncCommandCursor.try_next()``: the next document, or
+        None at the end."""
+        if self._docs is None:
+            return self._bypassed(await self._source.try_next())  # PyMongo's cursor (a bypass)
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def __getitem__(self, index: Any) -> Any:
+        """As PyMongo's async cursors: a find's raises ``IndexError``, an
+        aggregate's is not subscriptable (``TypeError``)."""
+        if self._method != "find":
+            raise TypeError(f"{type(self).__name__!r} object of an aggregate is not subscriptable")
+        raise IndexError("Cursor does not support indexing")
+
+    @only("find")
+    async def rewind(self) -> AsyncCachedCursor:
+        """PyMongo's ``await rewind()``: this cursor, back to its unevaluated
+        state with the same options; the next document reads (or hits) again."""
+        source = self._rewound()
+        if self._pinned:
+            await source.rewind()
+        elif source is not None:
+            await source.close()
+        return self
 
     async def to_list(self, length: int | None = None) -> list[Any]:
         """The remaining documents (at most ``length``), as PyMongo's ``to_list``."""

@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pymongo.collection import Collection
+from pymongo.command_cursor import CommandCursor
+from pymongo.cursor import Cursor
 from pymongo.errors import OperationFailure
 
 from .._core.causal import bound_session_getter
-from .._core.cursor import CursorBase
+from .._core.cursor import CursorBase, only
 from .._core.facade import CollectionBase, DatabaseBase, install_write_methods
 from .._core.read import Step, StepKind
 
@@ -42,6 +44,7 @@ class CachedCollection(CollectionBase):
     """
 
     __slots__ = ()
+    _raw_collection_type = Collection
     _bound_session = bound_session_getter(asynchronous=False)
 
     def _serve(self, step: Step, bypass: Callable[[], Any]) -> Any:
@@ -110,11 +113,19 @@ install_write_methods(CachedCollection, _observed_write)
 
 
 class CachedCursor(CursorBase):
-    """The cursor of a cached ``find`` or ``aggregate``: iteration, ``list()``,
-    ``to_list()``, ``next()``, ``close()``, ``with``; ``limit``, ``skip``,
-    ``sort``, ``batch_size``, ``max_time_ms`` and ``comment`` before the first
-    document. Anything else PyMongo's cursor offers hands the read to PyMongo
-    (counted as a bypass) when asked before the first document."""
+    """The cursor of a cached ``find`` or ``aggregate``, with PyMongo's cursor
+    surface whether the result comes from the cache or not: iteration,
+    ``list()``, ``to_list()``, ``next()``, ``close()``, ``with``,
+    ``cursor_id``, ``address``, ``alive``, ``session``; for a find (PyMongo's
+    ``Cursor``) ``limit``, ``skip``, ``sort``, ``batch_size``,
+    ``max_time_ms`` and ``comment`` before the first document, indexing and
+    slicing, ``rewind()``, ``clone()``, ``copy.copy``/``copy.deepcopy`` and
+    ``retrieved``; for an aggregate (PyMongo's ``CommandCursor``)
+    ``try_next()`` and ``batch_size``. Anything else PyMongo's cursor offers
+    hands a find to PyMongo (counted as a bypass) when asked before the
+    first document."""
+
+    _pymongo_classes = {"find": Cursor, "aggregate": CommandCursor}
 
     def __init__(
         self, core: Any, raw: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str = "find"
@@ -139,6 +150,8 @@ class CachedCursor(CursorBase):
 
     def __next__(self) -> Any:
         if not self._started:
+            if self._empty:
+                raise StopIteration  # cursor[n:n], as PyMongo: nothing is read
             self._start()
         while True:
             more, doc = self._buffered()
@@ -156,6 +169,43 @@ class CachedCursor(CursorBase):
             self._take_batch(batch)
 
     next = __next__
+
+    @only("aggregate")
+    def try_next(self) -> Any:
+        """PyMongo's ``CommandCursor.try_next()``: the next document, or None
+        at the end."""
+        if self._docs is None:
+            return self._bypassed(self._source.try_next())  # PyMongo's cursor (a bypass)
+        try:
+            return next(self)
+        except StopIteration:
+            return None
+
+    def __getitem__(self, index: Any) -> Any:
+        """PyMongo's ``Cursor.__getitem__``: ``cursor[i]`` the i-th document
+        (after the cursor's skip; ``IndexError`` past the end), ``cursor[a:b]``
+        this cursor with skip ``a`` and limit ``b - a``; ``InvalidOperation``
+        once the read has started. Read through the cache."""
+        clone = self._item_cursor(index)
+        if clone is self:
+            result = self._source[index]  # PyMongo's cursor
+            return self if isinstance(index, slice) else result
+        if clone is None:
+            return self
+        for doc in clone.to_list():
+            return doc
+        raise IndexError("no such item for Cursor instance")
+
+    @only("find")
+    def rewind(self) -> CachedCursor:
+        """PyMongo's ``rewind()``: this cursor, back to its unevaluated state
+        with the same options; the next document reads (or hits) again."""
+        source = self._rewound()
+        if self._pinned:
+            source.rewind()
+        elif source is not None:
+            source.close()
+        return self
 
     def to_list(self, length: int | None = None) -> list[Any]:
         """The remaining documents (at most ``length``), as PyMongo's ``to_list``."""
