@@ -1,66 +1,7 @@
 """Coherence checker: no read is older than the newest write whose invalidation
 had been applied before the read started.
 
-Writers (threads of this process, each owning a disjoint share of the
-documents, so every document's ``version`` only grows) update documents
-``{_id: k, key: "k<k>", group: k % groups, version: v, stamp: "<k>:<v>", pad}``
-with ``$set: {version, stamp}`` and record each write's acknowledgement time
-and ``operationTime`` (the cluster time of its commit, from its session).
-Meanwhile spawned worker processes read the documents through the cache, four
-ways in turn: shared (one owner, every worker attached) or process-local (a
-``CacheManager`` per worker), each with the sync ``CacheManager`` over
-``MongoClient`` and the ``AsyncCacheManager`` over ``AsyncMongoClient`` (two
-concurrent reading tasks per async worker). A read is, at random,
-
-  id        ``find_one({"_id": k})``         (an identity entry)
-  key       ``find_one({"key": "k<k>"})``    (a unique index: an alias of it)
-  group     ``find({"group": g})``           (a query entry; every document
-                                               of it is checked)
-  distinct  ``distinct("stamp", {"group": g})`` (every member's version)
-  count     ``count_documents({"_id": k, "version": {"$gte": v}})`` with v
-            the highest version of k the worker has seen (read or written):
-            0 says the document went back (the "resurrection" shape)
-
-Each worker also owns ``OWN_DOCS`` documents of its own (members of the
-groups like the others) and writes them itself, through the cached view's
-``update_one`` (``WRITE_SHARE`` of a task's operations; an async worker's
-tasks own disjoint shares of them), then reads the written document back at
-once with a read of a random kind. Every write's ``operationTime`` comes from
-a command listener on the worker's client, so the writes keep their plain
-form.
-
-The oracle (``benchmarks._oracle``) judges every returned document three
-ways. **Stale**: every change-stream follower publishes the cluster time up
-to which the database's writes are reflected in the cache
-(``StreamSnapshot.applied_time``; in C ``cqc_db_t.applied_ts``, stored after
-the invalidation it covers). A worker reads it right before each read (``A``).
-A document read by a read that started with ``A`` must carry at least the
-newest version written to it (by anyone) by a write whose ``operationTime``
-is at or before ``A``. **Monotonic**: per worker process (all of its tasks),
-no read may return an older version of a document than a read of that
-process that had completed before it started. **Read your writes**: no read
-may return an older version than the worker's own write of that document
-acknowledged before the read started. There must be none of any of them
-(DESIGN.md coherence rule 7 for the last two). A document whose content does
-not match its version, a version that had not been sent before the read
-ended, or a group read with other members fails the run.
-
-The staleness window of a write: from its acknowledgement to the first time a
-worker saw ``applied_time`` at or after its ``operationTime`` (shared: the
-earliest worker, as they all read the same arena; process-local: the latest,
-as each cache applies the write on its own), clamped at 0 (applied before the
-writer saw its acknowledgement). Workers look once per read, so each value is
-an upper bound by about one read interval (reported).
-
-    python -m benchmarks.coherence --json out.json   # full (about a minute)
-    python -m benchmarks.coherence --quick           # smoke run
-
-Exit status 1 if any check fails (stale reads, monotonic or read-your-writes
-violations, wrong documents, a path whose hit fraction is under
-``MIN_HIT_FRACTION``, a write never seen applied). JSON schema
-``cqc.coherence/2``; per path ``stale_reads``, ``monotonic_violations`` and
-``read_your_writes_violations``, and their totals over every path at the top
-level.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.coherence`.
 """
 
 from __future__ import annotations

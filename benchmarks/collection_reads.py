@@ -1,49 +1,6 @@
 """Collection-read benchmark: cached against direct for find, aggregate, counts, distinct.
 
-One process, one collection of documents of about 1 KiB
-(``benchmarks._common.make_document`` plus ``group`` = i mod G, G = D/20,
-and ``bucket`` = i mod 20, both indexed), one process-local ``CacheManager`` and the same
-``MongoClient`` read directly (primary, majority). Operations:
-
-  find_one      ``find_one({"group": g, "age": {"$gte": 18}}, sort=[("_id", -1)])``
-  find_small    ``find({"group": g}, sort=[("_id", 1)])``, listed (about D/G documents)
-  find_large    ``find({"bucket": b}, sort=[("_id", 1)])``, listed (about D/20)
-  aggregate     ``$match`` on a group, ``$group`` by city (count, average age), ``$sort``
-  count         ``count_documents({"bucket": b, "age": {"$gte": 40}})``
-  distinct      ``distinct("address.city", {"group": g})``
-
-Three phases, each ``--samples`` samples per operation, the cached and the
-direct read of a sample back to back in alternating order:
-
-  hot     parameters drawn from a hot set (16 groups, 4 buckets) that the
-          cache was warmed with: every timed cached read must be a hit;
-  cold    every sample adds ``{"_id": {"$ne": -k}}`` with a k of its own to
-          the filter (the result is unchanged, the key is new), so every
-          cached read is a miss that reads MongoDB and admits its result;
-  writer  hot parameters while a separate process updates one random
-          document every 10 ms (each write invalidates every cached read of
-          the collection): the hit rate and the latency of a cache that keeps
-          refilling.
-
-Every hot and cold result is compared with the direct read of the same
-sample, after both stop timestamps; a difference fails the run. In the
-writer phase (the writer sets each document's next ``version`` and reports
-every write's ``operationTime``) the two reads may straddle a write, which
-changes only versions: the cached result must equal the direct one but for
-the versions (count, distinct and aggregate do not depend on them), and the
-oracle (``benchmarks._oracle``) judges every document a cached find
-returned: not older than the newest write the cache had applied before the
-read started (``stale_reads``), nor than an earlier cached read had returned
-(``monotonic_violations``); both must be 0, and at least
-``MIN_WRITER_HIT_FRACTION`` of the phase's cached reads must hit
-(``phases.writer_judgement``). Times include listing a cursor. Quantiles are
-nearest-rank. Ratios are cached p50 / direct p50 of the same phase.
-
-    python -m benchmarks.collection_reads --json out.json   # full (about 1.5 minutes here)
-    python -m benchmarks.collection_reads --quick           # smoke run
-
-Uses the disposable server unless MONGODB_URI names a deployment; the
-benchmark works in a database of its own and drops it afterwards.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.collection_reads`.
 """
 
 from __future__ import annotations

@@ -1,60 +1,7 @@
 """Fault injection: faults of the link, the stream, the server, the owner and
-the workers while a cache serves reads and a writer writes; every read
-checked for staleness.
+the workers, while a cache serves reads and a writer writes.
 
-Each scenario gets a disposable server of its own (on-disk storage, a fixed
-port, an oplog of 5 entries after an explicit prune) and a ``FaultProxy``
-between the cache's change stream and the server (``stream_uri=``), while the
-cache's reads and the writer go to the server directly. A reader thread reads
-8 documents by ``_id`` through the cache in a loop, with
-``max_await_time_ms`` 200 (so the stall bound is 2.4 s); a writer thread
-updates one every 10 ms with a growing ``version``. Link, stream and server
-scenarios use a process-local ``CacheManager``; owner and worker scenarios a
-shared cache (an owner, and this process attached to it as a worker). The
-oracle is that of ``benchmarks.coherence``: before each read the cache's
-applied cluster time is read, and a read must not return an older version
-than the newest write at or before it. A write whose acknowledgement was lost
-(the server went away) may appear or not, but no version that was never sent
-may.
-
-The scenarios (timeline: warm up, 0.5 s of normal service, the fault, the
-heal, then reads until the cache serves a hit again and 0.5 s more):
-
-  cut             every stream connection is cut and new ones refused, 1 s
-  stall           the link holds all traffic, connections open, 4 s
-                  (longer than the stall bound)
-  slow_link       every chunk of the link waits 300 ms, 3 s
-  cursor_killed   the stream's cursor is killed by another client
-  server_restart  the server stops and starts again on the same port with
-                  the same storage after 1 s (reads fail meanwhile: PyMongo's
-                  own errors)
-  history_lost    the link is cut, the writes go on and the oplog is pruned,
-                  so the stream cannot resume; 1 s
-  unreachable_at_start  the server is down when the manager is created and
-                  comes up 1 s later
-  owner_killed    the owner gets SIGKILL; a new owner of the same name is
-                  started 1 s later (the worker finds it by itself)
-  owner_hung      the owner is stopped (SIGSTOP) for 2 s, then continued
-  worker_killed   another worker, admitting all the time (queries missed
-                  after every write), gets SIGKILL three times, each time
-                  at a random point of its work (a new one is started after
-                  each kill)
-  ring_full       documents of 200 KB; the owner is stopped for 1 s and the
-                  worker misses at once on 12 queries never read before, so
-                  its ring fills and its admissions are dropped
-  arena_full      documents of 32 KB, 64 of them, through a 1 MiB arena:
-                  eviction all the time, for 2 s
-
-Per scenario: reads, hits, reads that raised PyMongo's errors, any other
-exception (must be none), stale reads (must be 0), the longest time a read
-returned a version after a newer one had been acknowledged ("superseded"; up
-to the stall bound while a stalled stream is not yet detected, by design),
-admissions the cache refused or dropped, and the recovery time: from the heal
-to the first hit.
-
-    python -m benchmarks.faults [--json out.json] [--scenarios cut,stall]
-
-Exit status 1 if a check fails. Needs a local server (not MONGODB_URI).
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.faults`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """Hit-path benchmark: a cached find_one next to its floor and a direct read.
 
-For about 1,000 documents of about 4 KiB, one process measures, interleaved
-sample by sample (decode, hit, direct, decode, hit, direct, ...):
-
-  decode  building the document from the same BSON bytes with the
-          collection's codec options (the floor of any hit: the caller needs
-          a fresh Python object);
-  hit     ``CachedCollection.find_one({"_id": i})`` answered from the cache;
-  direct  ``Collection.find_one({"_id": i})`` through PyMongo to the server.
-
-and the same three again with ``AsyncMongoClient`` and ``AsyncCacheManager``
-in an event loop (``await`` on the hit and on the direct read).
-
-Quantiles are nearest-rank. Setup and warm-up are outside the timed region;
-every sampled result is checked against the expected document after its stop
-timestamp, and every timed cache read must have been a hit.
-
-With ``--shared``, a fourth loop interleaves decode, a process-local hit, a
-shared-cache hit (this process attached as a worker to an owner process) and a
-direct read.
-
-    python -m benchmarks.hit_path [--quick] [--shared] [--json PATH]
-
-Uses the disposable server unless MONGODB_URI names a deployment.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.hit_path`.
 """
 
 from __future__ import annotations

@@ -1,41 +1,6 @@
 """Public-API shared-cache benchmark: direct reads, independent caches, one shared cache.
 
-Several spawned worker processes (4 by default) read ~4 KiB documents by
-``_id`` through the public API, three ways:
-
-  direct       PyMongo ``find_one`` at the primary with read concern majority
-               (what a cache miss costs, and what an application without a
-               cache does);
-  independent  each worker its own process-local ``CacheManager`` (default
-               64 MiB budget, one change stream per worker);
-  shared       one owner (``SharedCache.start``, 40 MiB arena, 32 MiB budget,
-               16,384 slots) and ``CacheManager(client, shared=name)`` in each
-               worker (one change stream in all).
-
-each with ``MongoClient``/``CacheManager`` (sync) and with
-``AsyncMongoClient``/``AsyncCacheManager`` in an event loop (async). For each
-of these six phases, fresh workers (and, for shared, a fresh owner) run two
-measured windows:
-
-  hot   after warming up (every worker reads the hot set until its reads are
-        hits; for shared, until the owner has admitted all of it), a start
-        barrier, then N reads per worker of random hot identities;
-  cold  N reads per worker of identities that nobody read before (distinct,
-        seeded, outside the hot set).
-
-Each repetition rotates the order of the three paths. Per window it reports
-nearest-rank latency quantiles over all workers' samples, hits, CPU of the
-workers and the owner (during the measured reads, and cumulative from process
-start, i.e. including warm-up and owner start-up), PSS summed over the workers
-and the owner (sampled while every manager and mapping is still attached) and
-the number of active change streams; then medians across repetitions and the
-shared/direct and shared/independent ratios.
-
-    python -m benchmarks.public_shared_cache --output FILE.json   # full
-    python -m benchmarks.public_shared_cache --quick              # smoke run
-
-Uses the disposable server unless MONGODB_URI names a deployment (the
-benchmark works in a database of its own and drops it afterwards).
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.public_shared_cache`.
 """
 
 from __future__ import annotations

@@ -1,57 +1,7 @@
 """Soak: many workers on one shared cache for minutes; memory stays flat and
 no read is stale.
 
-One owner (``SharedCache.start``, a modest arena: 4 MiB budget, 4,096 slots
-by default) and eight spawned worker processes (``CacheManager(client,
-shared=name)``) run a mixed load for ``--minutes`` against one collection of
-``--documents`` documents (``benchmarks.coherence.document``: ``_id``, a
-unique ``key``, a ``group``, a ``version``, a ``stamp`` and a pad), more than
-the budget can hold, so the arena evicts all the time. Each operation picks a
-document from a Zipf-like distribution (exponent 0.99, one rank order shared
-by every worker) and is, with the ``--write-share`` (10%) a write, otherwise
-a read of one of these kinds:
-
-  id         ``find_one({"_id": k})``                    (identity entry,
-                                                           "not found" too)
-  key        ``find_one({"key": "k<k>"})``               (unique-index alias)
-  find       ``find({"group": g})``                      (query entry)
-  aggregate  ``aggregate([$match group, $sort _id, $project version])``
-  count      ``count_documents({"group": g})``
-
-with ``g`` the document's group. Worker ``i`` writes only the documents
-``k % workers == i``, so each document's ``version`` only grows: a present
-document is updated (``$set`` version and stamp, 80%) or deleted (20%), an
-absent one is inserted again at a new version. Every write is recorded with
-its ``operationTime``.
-
-Every read is checked with the oracle of ``benchmarks.coherence`` (``Oracle``,
-``check_reads``): right before a read the worker takes the database's applied
-cluster time ``A`` (``StreamSnapshot.applied_time``); each document the read
-returns must carry at least the newest version written at or before ``A``.
-Documents a read says are absent (``None`` by ``_id`` or key, a member
-missing from a group's ``find`` or ``aggregate``) are checked as the newest
-deletion of that document sent before the read ended (never a false alarm;
-an older deletion hidden by a later one goes unnoticed). A count must equal
-the group's size at some cluster time from ``A`` up to the first write sent
-after the read ended. Rows go to a file per worker (so the harness's own
-records do not grow any process's memory) and are checked after the run.
-
-Every ``--sample-seconds`` the parent samples the RSS (psutil) of every
-worker, the owner and itself, the owner's ``SharedCache.snapshot()`` and each
-worker's counters. The first ``--warmup-share`` of the run (at most a minute)
-is warm-up; over the rest, per process: RSS at its first and last sample and
-the least-squares slope in MiB per minute, **flat** if the slope is at most
-``--max-slope`` MiB/min (measured periods under two minutes get no verdict:
-``too_short``). Also the arena's used bytes and entries against the budget
-and slots, evictions, admissions, rejections, dropped ring records, stream
-states, operations per minute, stale reads and errors.
-
-    python -m benchmarks.soak --minutes 5 --json out.json
-    python -m benchmarks.soak --minutes 0.3 --workers 2   # smoke run
-
-Exit status 1 if a check fails: a stale, impossible or wrong read, an error,
-the arena over its budget or slots, no eviction, a stream not healthy at the
-end, a process whose RSS is not flat. JSON schema ``cqc.soak/1``.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.soak`.
 """
 
 from __future__ import annotations
