@@ -149,11 +149,6 @@ def bypass_split(before: Any, after: Any) -> tuple[int, int]:
     return after.bypass_total - before.bypass_total - behind, behind
 
 
-def counted(before: Any, after: Any) -> dict[str, int]:
-    """Hits and misses between two snapshots."""
-    return {"hits": after.hits - before.hits, "misses": after.misses - before.misses}
-
-
 def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
     """Call every read until a whole pass is served from the cache; return
     the passes it took (0 if ``timeout`` seconds passed first). Misses admit
@@ -274,7 +269,7 @@ def conclude(
     return exit_code(problems or (), headline)
 
 
-def with_server(run: Callable[[str], dict[str, Any]], status: Callable[[str], None] = progress) -> dict[str, Any] | None:
+def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progress) -> Any:
     """``run(uri)`` against the disposable server (or ``MONGODB_URI``); None
     (the error printed) if the benchmark failed."""
     try:
@@ -284,19 +279,6 @@ def with_server(run: Callable[[str], dict[str, Any]], status: Callable[[str], No
     except BenchmarkFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
-
-
-def table(rows: Sequence[Sequence[Any]], columns: Sequence[tuple[str, str]], out: Any = None, rule: bool = False) -> None:
-    """Print a header and one line per row; ``columns`` are (title, format
-    spec such as ``"<12"`` or ``">9.1f"``): a title takes the spec's
-    alignment and width, a value the whole spec."""
-    out = out or sys.stdout
-    head = " ".join(format(title, spec.split(".")[0].rstrip("dfs%,")) for title, spec in columns)
-    print(head, file=out)
-    if rule:
-        print("-" * len(head), file=out)
-    for row in rows:
-        print(" ".join(format(value, spec) for value, (_, spec) in zip(row, columns)), file=out)
 
 
 # -- processes: the server, owners, commands -------------------------------------
@@ -386,7 +368,9 @@ def checkout() -> str | None:
     """The short commit of this checkout, ``+dirty`` with uncommitted changes."""
     root = str(Path(__file__).resolve().parent.parent)
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         dirty = subprocess.run(
             ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=10,

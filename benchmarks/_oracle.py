@@ -105,9 +105,7 @@ def initial_versions(documents: int, version: int = 1) -> list[Write]:
     return [Write(k, version, 0, 0, 0) for k in range(documents)]
 
 
-# ============================================================================
-# Stale: the applied-time oracle
-# ============================================================================
+# -- Stale: the applied-time oracle ----------------------------------------------
 
 
 class Oracle:
@@ -142,9 +140,7 @@ class Oracle:
         return None
 
 
-# ============================================================================
-# One process's rows and their judgement
-# ============================================================================
+# -- One process's rows and their judgement --------------------------------------
 
 
 class Rows:

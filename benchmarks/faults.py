@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import random
 import secrets
@@ -26,7 +25,7 @@ import pymongo
 from bson.int64 import Int64
 from pymongo.errors import PyMongoError
 
-from ._common import conclude, machine_facts
+from . import _kit as kit
 from ._proxy import FaultProxy
 from .coherence import Oracle, Write, applied_time
 
@@ -65,9 +64,7 @@ class Context:
     docs: int = DOCS
 
     def start_owner(self) -> None:
-        from client_query_cache import SharedCache
-
-        self.owner = SharedCache.start(self.owner_name, self.server.uri, **self.owner_options)
+        self.owner = kit.start_owner(self.owner_name, self.server.uri, **self.owner_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,12 +162,8 @@ def _continue_owner(ctx: Context) -> None:
 
 
 def _spawn_admitting_worker(ctx: Context) -> None:
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_admitting_worker,
-        args=(ctx.owner_name, ctx.server.uri, ctx.db, ctx.coll, os.environ.get("CQC_RUNTIME_DIR", "")),
-        daemon=True,
-    )
-    proc.start()
+    runtime_dir = os.environ.get("CQC_RUNTIME_DIR", "")
+    proc = kit.spawn(_admitting_worker, ctx.owner_name, ctx.server.uri, ctx.db, ctx.coll, runtime_dir, daemon=True)
     ctx.workers.append(proc)
     deadline = time.monotonic() + 30
     while ctx.owner.snapshot()["attached_workers"] < 2:  # this process and it
@@ -253,9 +246,7 @@ def _admitting_worker(name: str, uri: str, db: str, coll: str, runtime_dir: str)
         cached.find({"version": {"$gte": rng.randrange(3)}}).to_list()
 
 
-# ============================================================================
-# The writer
-# ============================================================================
+# -- The writer ------------------------------------------------------------------
 
 
 class Writer(threading.Thread):
@@ -297,9 +288,7 @@ class Writer(threading.Thread):
         self._client.close()
 
 
-# ============================================================================
-# The reader
-# ============================================================================
+# -- The reader ------------------------------------------------------------------
 
 
 class Reader(threading.Thread):
@@ -428,9 +417,7 @@ class Reader(threading.Thread):
         return worst / 1e6
 
 
-# ============================================================================
-# One scenario
-# ============================================================================
+# -- One scenario ----------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -460,12 +447,10 @@ def run_scenario(name: str, *, seed: int = 20261204, timeout: float = 30.0) -> d
 
 def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
     from client_query_cache import CacheManager
-    from client_query_cache.testing import DisposableServer
 
-    server = DisposableServer(oplog_max_entries=5, extra_args=["--enable-test-commands"])
+    # The server binds its port before the proxy asks the system for one.
+    server = kit.disposable_server(oplog_max_entries=5, extra_args=["--enable-test-commands"])
     try:
-        # The server binds its port before the proxy asks the system for one.
-        server.start()
         proxy = FaultProxy(server.port).start()
     except BaseException:
         server.close()
@@ -552,6 +537,16 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
         ctx.admin.close()
         proxy.close()
         server.close()
+    times = {"injected": injected, "healed": healed, "recovered": recovered, "trust_ms": trust_ms}
+    return _result(scenario, reader, writer, before, after, stream, times, caught_up, attached)
+
+
+def _result(
+    scenario: Scenario, reader: Reader, writer: Writer, before: Any, after: Any, stream: Any,
+    times: dict[str, Any], caught_up: bool, attached: int | None,
+) -> dict[str, Any]:
+    """A scenario's figures from its reads, writes and snapshots."""
+    injected, healed, recovered, trust_ms = times["injected"], times["healed"], times["recovered"], times["trust_ms"]
     oracle = Oracle(writer.acked + writer.maybe)
     stale, impossible, examples = reader.check(oracle)
     rejected = {
@@ -587,9 +582,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
     }
 
 
-# ============================================================================
-# Report
-# ============================================================================
+# -- Report ----------------------------------------------------------------------
 
 
 def checks(report: dict[str, Any]) -> list[str]:
@@ -626,10 +619,8 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    parser = kit.parser("faults", __doc__)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
-    parser.add_argument("--seed", type=int, default=20261204)
     args = parser.parse_args(argv)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
@@ -656,13 +647,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     report = {
         "schema": SCHEMA,
-        "machine": machine_facts(),
+        "machine": kit.machine_facts(),
         "params": {"max_await_time_ms": MAX_AWAIT_MS, "stall_bound_s": STALL_BOUND_S, "seed": args.seed},
         "scenarios": results,
         "stale_reads": sum(r["stale_reads"] for r in results),
         "elapsed_seconds": time.perf_counter() - started,
     }
-    return conclude(report, checks(report), print_report, args.json)
+    return kit.conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

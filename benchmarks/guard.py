@@ -29,7 +29,8 @@ import bson
 import pymongo
 from bson.raw_bson import RawBSONDocument
 
-from ._common import machine_facts, make_document, progress, quantile, write_json
+from . import _kit as kit
+from ._kit import machine_facts, make_document, progress, quantile, write_json
 
 SCHEMA = "client-query-cache/guard/1"
 
@@ -64,9 +65,7 @@ class GuardError(Exception):
     """The guard cannot measure: bad revision, build failure, failed block."""
 
 
-# --------------------------------------------------------------------------
-# The decision: pure functions of the block medians
-# --------------------------------------------------------------------------
+# -- The decision: pure functions of the block medians ---------------------------
 
 
 class Verdict(enum.Enum):
@@ -211,13 +210,11 @@ def decide(
     return Comparison(verdict, ratio, estimate, low, high, coverage, method, reason)
 
 
-# --------------------------------------------------------------------------
-# Building the two sides
-# --------------------------------------------------------------------------
+# -- Building the two sides ------------------------------------------------------
 
 
 def _git(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], stdout=stdout, stderr=subprocess.PIPE)
+    return kit.run_command(["git", "-C", str(REPO_ROOT), *args], stdout=stdout, stderr=subprocess.PIPE)
 
 
 def resolve_rev(rev: str) -> str:
@@ -279,7 +276,7 @@ def start_build(src: Path, out: Path) -> tuple[subprocess.Popen[bytes], Path, An
         sys.executable, "setup.py", "build",
         "--build-base", str(out / "build"), "--build-lib", str(lib),
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=src, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    proc = kit.popen(cmd, cwd=src, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     return proc, lib, log
 
 
@@ -299,9 +296,7 @@ def finish_build(proc: subprocess.Popen[bytes], lib: Path, log: Any, label: str)
         raise GuardError(f"building {label} failed (status {code}):\n{tail}")
 
 
-# --------------------------------------------------------------------------
-# One block (runs in a child process, with one side's package on sys.path)
-# --------------------------------------------------------------------------
+# -- One block (runs in a child process, with one side's package on sys.path) ----
 
 
 class Unavailable(Exception):
@@ -603,9 +598,7 @@ def _block_main(argv: list[str]) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------
-# The parent: sides, data, pairs of blocks, report
-# --------------------------------------------------------------------------
+# -- The parent: sides, data, pairs of blocks, report ----------------------------
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -662,7 +655,7 @@ def run_child(side: Side, cfg: dict[str, Any], workdir: Path, tag: str) -> dict[
     env["PYTHONPATH"] = os.pathsep.join([str(side.lib), str(REPO_ROOT)])
     cmd = [sys.executable, "-m", "benchmarks.guard", _RUN_BLOCK, str(config_path), str(out_path)]
     try:
-        proc = subprocess.run(
+        proc = kit.run_command(
             cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
             text=True, timeout=BLOCK_TIMEOUT_S,
         )  # fmt: skip
@@ -740,6 +733,12 @@ def _median_of_block_medians(blocks: list[dict[str, Any]], case: str, side: str)
     return quantile(vals, 50) if vals else float("nan")
 
 
+def _block_medians(blocks: list[dict[str, Any]], case: str, side: str) -> list[Any]:
+    """A side's block medians of a case, pair by pair (None where it failed)."""
+    mine = [b for b in blocks if b["pair"] >= 0 and b["side"] == side and case in b["cases"]]
+    return [b["cases"][case].get("p50_ns") for b in mine]
+
+
 def _print(report: dict[str, Any]) -> None:
     cfg = report["config"]
     print(
@@ -785,8 +784,6 @@ def _describe_worktree() -> str:
 
 
 def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
-    from client_query_cache.testing import disposable_uri
-
     timings: dict[str, float] = {}
     t = time.perf_counter()
     base_sha = resolve_rev(args.base_rev)
@@ -820,7 +817,7 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
     }
 
     progress("starting the server (or using MONGODB_URI)...")
-    with disposable_uri() as uri:
+    with kit.server() as uri:
         rng = random.Random(args.seed)
         db_name = f"cqc_guard_{int(time.time())}_{rng.randint(0, 10**6)}"
         try:
@@ -847,8 +844,8 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
             "comparison": comparisons[case].as_dict(),
             "base_p50_ns": _median_of_block_medians(blocks, case, "base"),
             "work_p50_ns": _median_of_block_medians(blocks, case, "work"),
-            "base_block_p50_ns": [b["cases"][case].get("p50_ns") for b in blocks if b["pair"] >= 0 and b["side"] == "base" and case in b["cases"]],
-            "work_block_p50_ns": [b["cases"][case].get("p50_ns") for b in blocks if b["pair"] >= 0 and b["side"] == "work" and case in b["cases"]],
+            "base_block_p50_ns": _block_medians(blocks, case, "base"),
+            "work_block_p50_ns": _block_medians(blocks, case, "work"),
         }
         for case in CASES
     }

@@ -78,9 +78,7 @@ def _process_cpu_s(pid: int) -> float:
         return _cpu_seconds(psutil.Process(pid).cpu_times())
 
 
-# ============================================================================
-# Worker processes
-# ============================================================================
+# -- Worker processes ------------------------------------------------------------
 #
 # A worker runs one phase (one path, one mode): warm-up, then the hot and the
 # cold window. It meets the parent at the barrier (parties = workers + 1):

@@ -79,9 +79,7 @@ DEFAULTS = {
 }
 
 
-# ============================================================================
-# Slopes and verdicts
-# ============================================================================
+# -- Slopes and verdicts ---------------------------------------------------------
 
 
 def slope_per_minute(times_s: Sequence[float], values: Sequence[float]) -> float:
@@ -148,9 +146,7 @@ def warmup_seconds(duration_s: float, share: float) -> float:
     return min(WARMUP_CAP_S, duration_s * share)
 
 
-# ============================================================================
-# Workers
-# ============================================================================
+# -- Workers ---------------------------------------------------------------------
 
 
 def zipf_table(n: int, seed: str, s: float = ZIPF_S) -> tuple[list[float], list[int]]:
@@ -382,9 +378,7 @@ def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
         client.close()
 
 
-# ============================================================================
-# The check after the run
-# ============================================================================
+# -- The check after the run -----------------------------------------------------
 
 
 def _iter_rows(path: str, row: struct.Struct) -> Iterable[tuple[int, ...]]:
@@ -523,9 +517,7 @@ def check_run(results: Sequence[dict[str, Any]], documents: int, groups: int) ->
     }
 
 
-# ============================================================================
-# Sampling
-# ============================================================================
+# -- Sampling --------------------------------------------------------------------
 
 
 def _rss(proc: psutil.Process | None) -> int | None:
@@ -603,9 +595,7 @@ class Sampler:
         self.sample()
 
 
-# ============================================================================
-# The run
-# ============================================================================
+# -- The run ---------------------------------------------------------------------
 
 
 def _insert_documents(coll: Any, documents: int, groups: int, pad: int) -> None:

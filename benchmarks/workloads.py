@@ -154,15 +154,14 @@ def _start_owner(prefix: str, uri: str) -> Any:
 
 def _warm_until_hits(manager: Any, reader: Any, keys: int, timeout: float, what: str) -> int:
     """Read every key until a whole pass hits; return the passes it took."""
-    passes = kit.warm_until_hits(manager, [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)], timeout)
+    reads = [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)]
+    passes = kit.warm_until_hits(manager, reads, timeout)
     if not passes:
         raise BenchmarkFailed(f"{what}: documents still missing after {timeout:g} s of warm-up passes")
     return passes
 
 
-# ============================================================================
-# Part 1: the mix matrix
-# ============================================================================
+# -- Part 1: the mix matrix ------------------------------------------------------
 
 
 class MatrixPaths:
@@ -436,9 +435,7 @@ def run_matrix(
     return cells
 
 
-# ============================================================================
-# Part 2: invalidation latency (worker processes)
-# ============================================================================
+# -- Part 2: invalidation latency (worker processes) -----------------------------
 
 
 def _inv_manager(cls: Any, client: Any, spec: dict[str, Any]) -> Any:
@@ -889,9 +886,7 @@ def _invalidation_result(
     return out
 
 
-# ============================================================================
-# The report
-# ============================================================================
+# -- The report ------------------------------------------------------------------
 
 METHOD = {
     "matrix": "one process; per cell, identical documents in one database per path; the same seeded operation "
@@ -1074,9 +1069,7 @@ def _print_invalidation(report: dict[str, Any], out: Any) -> None:
     )
 
 
-# ============================================================================
-# main
-# ============================================================================
+# -- main ------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
