@@ -1,28 +1,6 @@
 """The one oracle of the checked harnesses: what a read under writes may return.
 
-Three judgements, each over rows ``(document, version, ...)`` that a read
-returned and writes ``(document, version, operationTime, sent, ack)``:
-
-stale
-    Right before a read, the reader takes the database's applied cluster time
-    ``A`` (``applied_time``: up to where the change stream's invalidations
-    have been applied). The read must return at least the newest version
-    written by a write whose ``operationTime`` is at or before ``A``.
-monotonic
-    Per process (for an async worker: all of its tasks), a read must not
-    return an older version of a document than a read of that process that
-    had completed before it started had returned (DESIGN.md rule 7).
-read your writes
-    Per process, a read must return at least the version of the document
-    that a write of the same process had set, if that write was acknowledged
-    before the read started.
-
-Rows carry a *bound*: ``EXACT`` (the read returned that version), or, for a
-read that only says whether a document is at least some version (a
-``count_documents`` on ``version >= v``), ``AT_LEAST`` v (count 1: the
-document is at least v; nothing is judged, but later reads must not go
-below v) or ``AT_MOST`` v - 1 (count 0: judged like an exact read of v - 1,
-a conservative figure, and not taken as seen).
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks._oracle`.
 """
 
 from __future__ import annotations
@@ -127,9 +105,7 @@ def initial_versions(documents: int, version: int = 1) -> list[Write]:
     return [Write(k, version, 0, 0, 0) for k in range(documents)]
 
 
-# ============================================================================
-# Stale: the applied-time oracle
-# ============================================================================
+# -- Stale: the applied-time oracle ----------------------------------------------
 
 
 class Oracle:
@@ -164,9 +140,7 @@ class Oracle:
         return None
 
 
-# ============================================================================
-# One process's rows and their judgement
-# ============================================================================
+# -- One process's rows and their judgement --------------------------------------
 
 
 class Rows:

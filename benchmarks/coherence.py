@@ -1,66 +1,7 @@
 """Coherence checker: no read is older than the newest write whose invalidation
 had been applied before the read started.
 
-Writers (threads of this process, each owning a disjoint share of the
-documents, so every document's ``version`` only grows) update documents
-``{_id: k, key: "k<k>", group: k % groups, version: v, stamp: "<k>:<v>", pad}``
-with ``$set: {version, stamp}`` and record each write's acknowledgement time
-and ``operationTime`` (the cluster time of its commit, from its session).
-Meanwhile spawned worker processes read the documents through the cache, four
-ways in turn: shared (one owner, every worker attached) or process-local (a
-``CacheManager`` per worker), each with the sync ``CacheManager`` over
-``MongoClient`` and the ``AsyncCacheManager`` over ``AsyncMongoClient`` (two
-concurrent reading tasks per async worker). A read is, at random,
-
-  id        ``find_one({"_id": k})``         (an identity entry)
-  key       ``find_one({"key": "k<k>"})``    (a unique index: an alias of it)
-  group     ``find({"group": g})``           (a query entry; every document
-                                               of it is checked)
-  distinct  ``distinct("stamp", {"group": g})`` (every member's version)
-  count     ``count_documents({"_id": k, "version": {"$gte": v}})`` with v
-            the highest version of k the worker has seen (read or written):
-            0 says the document went back (the "resurrection" shape)
-
-Each worker also owns ``OWN_DOCS`` documents of its own (members of the
-groups like the others) and writes them itself, through the cached view's
-``update_one`` (``WRITE_SHARE`` of a task's operations; an async worker's
-tasks own disjoint shares of them), then reads the written document back at
-once with a read of a random kind. Every write's ``operationTime`` comes from
-a command listener on the worker's client, so the writes keep their plain
-form.
-
-The oracle (``benchmarks._oracle``) judges every returned document three
-ways. **Stale**: every change-stream follower publishes the cluster time up
-to which the database's writes are reflected in the cache
-(``StreamSnapshot.applied_time``; in C ``cqc_db_t.applied_ts``, stored after
-the invalidation it covers). A worker reads it right before each read (``A``).
-A document read by a read that started with ``A`` must carry at least the
-newest version written to it (by anyone) by a write whose ``operationTime``
-is at or before ``A``. **Monotonic**: per worker process (all of its tasks),
-no read may return an older version of a document than a read of that
-process that had completed before it started. **Read your writes**: no read
-may return an older version than the worker's own write of that document
-acknowledged before the read started. There must be none of any of them
-(DESIGN.md coherence rule 7 for the last two). A document whose content does
-not match its version, a version that had not been sent before the read
-ended, or a group read with other members fails the run.
-
-The staleness window of a write: from its acknowledgement to the first time a
-worker saw ``applied_time`` at or after its ``operationTime`` (shared: the
-earliest worker, as they all read the same arena; process-local: the latest,
-as each cache applies the write on its own), clamped at 0 (applied before the
-writer saw its acknowledgement). Workers look once per read, so each value is
-an upper bound by about one read interval (reported).
-
-    python -m benchmarks.coherence --json out.json   # full (about a minute)
-    python -m benchmarks.coherence --quick           # smoke run
-
-Exit status 1 if any check fails (stale reads, monotonic or read-your-writes
-violations, wrong documents, a path whose hit fraction is under
-``MIN_HIT_FRACTION``, a write never seen applied). JSON schema
-``cqc.coherence/2``; per path ``stale_reads``, ``monotonic_violations`` and
-``read_your_writes_violations``, and their totals over every path at the top
-level.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.coherence`.
 """
 
 from __future__ import annotations
@@ -71,7 +12,6 @@ import asyncio
 import bisect
 import contextlib
 import functools
-import multiprocessing
 import random
 import secrets
 import sys
@@ -82,9 +22,9 @@ from typing import Any
 
 import pymongo
 
-from ._common import conclude, machine_facts, quantile
+from . import _kit as kit
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
 from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, judge
-from .workloads import BenchmarkFailed, Status, _start_owner, _stop_owner, _Workers
 
 SCHEMA = "cqc.coherence/2"
 PATHS = ("shared", "local")
@@ -114,7 +54,6 @@ ASYNC_TASKS = 2
 #: Reads after a worker has seen the last write applied.
 TAIL_NS = 100_000_000
 LOCAL_BUDGET_BYTES = 8 * 1024 * 1024
-MAX_EXAMPLES = 5
 
 FULL = {"workers": 4, "writes": 600, "documents": 12, "groups": 3}
 QUICK = {"workers": 2, "writes": 60, "documents": 6, "groups": 2}
@@ -147,9 +86,7 @@ def check_document(doc: Any, groups: int, pad_bytes: int) -> tuple[int, int] | s
     return k, version
 
 
-# ============================================================================
-# Workers
-# ============================================================================
+# -- Workers ---------------------------------------------------------------------
 
 
 class _Reads:
@@ -337,159 +274,125 @@ class _Ending:
         return done
 
 
-def applied_reader(manager: Any, db: str) -> Any:
-    return functools.partial(applied_time, manager, db)
-
-
-def _make_manager(spec: dict[str, Any], client: Any, cls: Any) -> Any:
-    if spec["path"] == "shared":
-        return cls(client, shared=spec["shared_name"])
-    return cls(client, budget_bytes=LOCAL_BUDGET_BYTES, max_await_time_ms=spec["max_await_ms"])
-
-
-def _sync_read(coll: Any, kind: int, target: int, floor: int) -> Any:
+def _read(coll: Any, kind: int, target: int, floor: int) -> Any:
+    """A read (a coroutine for an async collection)."""
     method, args = _request(kind, target, floor)
     got = getattr(coll, method)(*args)
-    return list(got) if method == "find" else got
+    return got.to_list() if method == "find" else got
 
 
-async def _async_read(coll: Any, kind: int, target: int, floor: int) -> Any:
-    method, args = _request(kind, target, floor)
-    if method == "find":
-        return await coll.find(*args).to_list()
-    return await getattr(coll, method)(*args)
+async def _done(value: Any) -> Any:
+    """``value``, awaited if the API is async: one worker body for both."""
+    return await value if asyncio.iscoroutine(value) else value
 
 
-def _warm_pass_hit(manager: Any, reads: int, h0: int, spec: dict[str, Any], deadline: float) -> bool:
-    if manager.snapshot().hits - h0 == reads:
-        return True
-    if time.monotonic() > deadline:
-        raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
-    return False
+def _task(rec: _Reads, plan: _Plan, done: Any, applied: Any, counters: Any) -> Any:
+    """One reading task's operations, a generator: it yields ``(WRITE,
+    document, filter, update, version)`` or ``(kind, target, floor,
+    applied)``, and is sent back (start, end, result) of a read."""
+    index = rec.spec["index"]
+    while True:
+        kind, target = plan.next()
+        if kind == WRITE:
+            yield (WRITE, target, *plan.update(target))
+            continue
+        floor, a = rec.top[target], applied()
+        t0, t1, got = yield kind, target, floor, a
+        rec.record(kind, target, got, floor, a, t0, t1)
+        counters[index] = rec.reads
+        if done(a, t1):
+            return
 
 
-def _sync_worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, barrier: Any) -> dict[str, Any]:
-    from client_query_cache import CacheManager
+def _run_sync(task: Any, coll: Any, rec: _Reads, times: WriteTimes, pause: float) -> None:
+    clock, op = time.monotonic_ns, next(task)
+    while True:
+        if op[0] == WRITE:
+            sent = clock()
+            coll.update_one(op[2], op[3])
+            rec.wrote(Write(op[1], op[4], times.take(op[1], op[4]), sent, clock()))
+            op = next(task)
+            continue
+        t0 = clock()
+        got = _read(coll, *op[:3])
+        t1 = clock()
+        try:
+            op = task.send((t0, t1, got))
+        except StopIteration:
+            return
+        if pause:
+            time.sleep(pause)
 
-    timeout = spec["timeout"]
+
+async def _run_async(task: Any, coll: Any, rec: _Reads, times: WriteTimes, pause: float) -> None:
+    clock, op = time.monotonic_ns, next(task)
+    while True:
+        if op[0] == WRITE:
+            sent = clock()
+            await coll.update_one(op[2], op[3])
+            rec.wrote(Write(op[1], op[4], times.take(op[1], op[4]), sent, clock()))
+            op = next(task)
+            continue
+        t0 = clock()
+        got = await _read(coll, *op[:3])
+        t1 = clock()
+        try:
+            op = task.send((t0, t1, got))
+        except StopIteration:
+            return
+        await asyncio.sleep(pause)
+
+
+async def _work(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
+    """A worker of either API: the setup awaits what the async API returns,
+    the reads run in ``_run_sync`` or in ``ASYNC_TASKS`` tasks of ``_run_async``."""
+    import client_query_cache as cqc
+
+    is_async, timeout = spec["api"] == "async", spec["timeout"]
     times = WriteTimes()
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"], event_listeners=[times])
+    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(spec["uri"], event_listeners=[times])
     manager: Any = None
     try:
-        manager = _make_manager(spec, client, CacheManager)
+        cls = cqc.AsyncCacheManager if is_async else cqc.CacheManager
+        manager = kit.manager_for(cls, client, spec["shared_name"], budget_bytes=LOCAL_BUDGET_BYTES,
+                                  max_await_time_ms=spec["max_await_ms"])  # fmt: skip
         coll = manager[spec["db"]][spec["coll"]]
-        coll.find_one({"_id": 0})
-        if not manager.wait_ready(timeout, database=spec["db"]):
+        await _done(coll.find_one({"_id": 0}))
+        if not await _done(manager.wait_ready(timeout, database=spec["db"])):
             raise BenchmarkFailed("the change stream did not become ready")
         warm, deadline = _operations(spec), time.monotonic() + timeout
         while True:  # until a whole pass hits
             h0 = manager.snapshot().hits
             for kind, target in warm:
-                _sync_read(coll, kind, target, 0)
-            if _warm_pass_hit(manager, len(warm), h0, spec, deadline):
+                await _done(_read(coll, kind, target, 0))
+            if manager.snapshot().hits - h0 == len(warm):
                 break
-            time.sleep(0.02)
-        applied = applied_reader(manager, spec["db"])
-        rec, plan = _Reads(spec), _Plan(spec, 0, 1)
-        clock, pause = time.monotonic_ns, spec["read_pause"]
-        before = manager.snapshot()
-        barrier.wait(timeout)
-        ending = _Ending(spec, stop, final)
-        done = ending.task()
-        while True:
-            kind, target = plan.next()
-            if kind == WRITE:
-                flt, update, v = plan.update(target)
-                sent = clock()
-                coll.update_one(flt, update)
-                rec.wrote(Write(target, v, times.take(target, v), sent, clock()))
-                continue
-            floor, a = rec.top[target], applied()
-            t0 = clock()
-            got = _sync_read(coll, kind, target, floor)
-            t1 = clock()
-            rec.record(kind, target, got, floor, a, t0, t1)
-            counters[spec["index"]] = rec.reads
-            if done(a, t1):
-                break
-            if pause:
-                time.sleep(pause)
-        return rec.result(before, manager.snapshot(), {"unfinished": ending.unfinished})
-    finally:
-        if manager is not None:
-            manager.close()
-        client.close()
-
-
-async def _async_task(coll: Any, rec: _Reads, plan: _Plan, times: WriteTimes, ctx: dict[str, Any]) -> None:
-    """One reading task of an async worker; ``ctx``: the applied-time
-    reader, the ending, the counters, the pause."""
-    clock, applied, done = time.monotonic_ns, ctx["applied"], ctx["ending"].task()
-    while True:
-        kind, target = plan.next()
-        if kind == WRITE:
-            flt, update, v = plan.update(target)
-            sent = clock()
-            await coll.update_one(flt, update)
-            rec.wrote(Write(target, v, times.take(target, v), sent, clock()))
-            continue
-        floor, a = rec.top[target], applied()
-        t0 = clock()
-        got = await _async_read(coll, kind, target, floor)
-        t1 = clock()
-        rec.record(kind, target, got, floor, a, t0, t1)
-        ctx["counters"][rec.spec["index"]] = rec.reads
-        if done(a, t1):
-            return
-        await asyncio.sleep(ctx["pause"])
-
-
-async def _async_worker_run(spec: dict[str, Any], counters: Any, stop: Any, final: Any, barrier: Any) -> dict[str, Any]:
-    from client_query_cache import AsyncCacheManager
-
-    timeout = spec["timeout"]
-    times = WriteTimes()
-    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(spec["uri"], event_listeners=[times])
-    manager: Any = None
-    try:
-        manager = _make_manager(spec, client, AsyncCacheManager)
-        coll = manager[spec["db"]][spec["coll"]]
-        await coll.find_one({"_id": 0})
-        if not await manager.wait_ready(timeout, database=spec["db"]):
-            raise BenchmarkFailed("the change stream did not become ready")
-        warm, deadline = _operations(spec), time.monotonic() + timeout
-        while True:
-            h0 = manager.snapshot().hits
-            for kind, target in warm:
-                await _async_read(coll, kind, target, 0)
-            if _warm_pass_hit(manager, len(warm), h0, spec, deadline):
-                break
+            if time.monotonic() > deadline:
+                raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
             await asyncio.sleep(0.02)
-        rec = _Reads(spec)
+        rec, applied = _Reads(spec), functools.partial(applied_time, manager, spec["db"])
         before = manager.snapshot()
-        barrier.wait(timeout)
-        ending = _Ending(spec, stop, final)
-        ctx = {"applied": applied_reader(manager, spec["db"]), "ending": ending, "counters": counters}
-        ctx["pause"] = spec["read_pause"]
-        plans = [_Plan(spec, n, ASYNC_TASKS) for n in range(ASYNC_TASKS)]
-        await asyncio.gather(*(_async_task(coll, rec, plan, times, ctx) for plan in plans))
+        shared.barrier.wait(timeout)
+        ending = _Ending(spec, shared.stop, shared.final)
+        tasks = ASYNC_TASKS if is_async else 1
+        runs = [_task(rec, _Plan(spec, n, tasks), ending.task(), applied, shared.counters) for n in range(tasks)]
+        if is_async:
+            await asyncio.gather(*(_run_async(t, coll, rec, times, spec["read_pause"]) for t in runs))
+        else:
+            _run_sync(runs[0], coll, rec, times, spec["read_pause"])
         return rec.result(before, manager.snapshot(), {"unfinished": ending.unfinished})
     finally:
         if manager is not None:
-            await manager.close()
-        await client.close()
+            await _done(manager.close())
+        await _done(client.close())
 
 
-def _worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any) -> dict[str, Any]:
-    """A spawned reader (``workloads._Workers``' protocol): sync or async."""
-    del pace  # the writers do not pace these workers
-    if spec["api"] == "sync":
-        return _sync_worker(spec, counters, stop, final, barrier)
-    return asyncio.run(_async_worker_run(spec, counters, stop, final, barrier))
+def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
+    """A spawned reader (``kit.Pool``'s protocol): sync or async."""
+    return asyncio.run(_work(spec, shared))
 
-# ============================================================================
-# Writers
-# ============================================================================
+
+# -- Writers ---------------------------------------------------------------------
 
 
 def _writer(
@@ -538,9 +441,7 @@ def write_all(coll: Any, *, writers: int, documents: int, writes: int, interval:
     return sorted((w for out in outs for w in out), key=lambda w: w.optime)
 
 
-# ============================================================================
-# The oracle
-# ============================================================================
+# -- The oracle ------------------------------------------------------------------
 
 
 def check_reads(oracle: Oracle, result: dict[str, Any]) -> dict[str, Any]:
@@ -586,25 +487,14 @@ def staleness_windows(path: str, writes: Sequence[Write], results: Sequence[dict
         starts = sorted(r["starts"])
         intervals.extend(b - a for a, b in zip(starts, starts[1:]) if b > a)
     return {
-        "window_ms": _ms(windows) if windows else None,
+        "window_ms": kit.in_ms(windows) if windows else None,
         "applied_before_ack": before_ack,
         "unobserved_by_a_worker": unobserved,
-        "read_interval_ms_p50": _ms(intervals)["p50"] if intervals else None,
+        "read_interval_ms_p50": kit.in_ms(intervals)["p50"] if intervals else None,
     }
 
 
-def _ms(samples_ns: Sequence[int]) -> dict[str, float]:
-    """n and nearest-rank p50/p95/p99/max, in milliseconds."""
-    s = sorted(samples_ns)
-    out: dict[str, float] = {"n": len(s)}
-    for name, p in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100)):
-        out[name] = quantile(s, p) / 1e6
-    return out
-
-
-# ============================================================================
-# One path
-# ============================================================================
+# -- One path --------------------------------------------------------------------
 
 
 def run_path(
@@ -635,7 +525,7 @@ def run_path(
     coll_name = f"docs_{path}_{api}"
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     owner: Any = None
-    pool: _Workers | None = None
+    pool: kit.Pool | None = None
     try:
         coll = client[db][coll_name]
         own = [list(range(documents + n * OWN_DOCS, documents + (n + 1) * OWN_DOCS)) for n in range(workers)]
@@ -646,10 +536,11 @@ def run_path(
         shared_name = None
         if path == "shared":
             status(f"{label}: starting the owner")
-            owner = _start_owner(f"cqc-coh-{secrets.token_hex(4)}", uri)
+            geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0}
+            owner = kit.start_owner(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)
             shared_name = owner.name
-        pool = _Workers(multiprocessing.get_context("spawn"), workers, 1)
-        pool.final[0] = (1 << 63) - 1  # set to the last write's time when done
+        pool = kit.Pool(workers, timeout=timeout)
+        pool.shared.final[0] = (1 << 63) - 1  # set to the last write's time when done
         status(f"{label}: starting {workers} workers")
         pool.start(
             [
@@ -674,23 +565,23 @@ def run_path(
                 }
                 for n in range(workers)
             ],
-            work=_worker,
+            _worker,
         )
-        pool.meet(timeout, f"{label}: start (workers warm)")
+        pool.meet(f"{label}: start (workers warm)")
         status(f"{label}: {writes} writes by {writers} writers")
         started = time.perf_counter()
         log = write_all(
             coll, writers=writers, documents=documents, writes=writes, interval=write_interval, seed=f"{seed}/{label}"
         )
         write_seconds = time.perf_counter() - started
-        pool.final[0] = max(w.optime for w in log)
-        pool.stop.value = 1
-        results = pool.collect(timeout + 30)
+        pool.shared.final[0] = max(w.optime for w in log)
+        pool.shared.stop.value = 1
+        results = pool.collect(timeout=timeout + 30)
     finally:
         if pool is not None:
             pool.close()
         if owner is not None:
-            _stop_owner(owner)
+            kit.stop_owner(owner)
         with contextlib.suppress(Exception):
             client[db].drop_collection(coll_name)
         client.close()
@@ -712,7 +603,7 @@ def _path_result(
         "writers": writers,
         "writes": len(log),
         "write_seconds": write_seconds,
-        "write_ack_ms": _ms([w.ack_ns - w.sent_ns for w in log]),
+        "write_ack_ms": kit.in_ms([w.ack_ns - w.sent_ns for w in log]),
         "reads": reads,
         "documents_checked": sum(len(r["docs"]) for r in results),
         "hits": hits,
@@ -731,9 +622,7 @@ def _path_result(
     }
 
 
-# ============================================================================
-# Report
-# ============================================================================
+# -- Report ----------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
@@ -769,7 +658,7 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
 def build_report(params: dict[str, Any], paths: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
-        "machine": machine_facts(),
+        "machine": kit.machine_facts(),
         "params": params,
         "min_hit_fraction": MIN_HIT_FRACTION,
         "paths": list(paths),
@@ -825,22 +714,9 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
     )
 
 
-def _csv(choices: Sequence[str]) -> Any:
-    def parse(text: str) -> tuple[str, ...]:
-        items = tuple(x.strip() for x in text.split(",") if x.strip())
-        if not items or any(x not in choices for x in items):
-            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}")
-        return items
-
-    return parse
-
-
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.coherence", description=(__doc__ or "").split("\n")[0]
-    )
+    parser = kit.parser("coherence", __doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run (2 workers, 60 writes per path)")
-    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
     parser.add_argument("--workers", type=int, help=f"reader processes per path (default {FULL['workers']})")
     parser.add_argument("--writes", type=int, help=f"writes per path (default {FULL['writes']})")
     parser.add_argument("--documents", type=int, help=f"documents (default {FULL['documents']})")
@@ -848,18 +724,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--writers", type=int, default=2, help="writer threads (default 2)")
     parser.add_argument("--write-interval-ms", type=float, default=4.0, help="pause of a writer after a write")
     parser.add_argument("--read-pause-ms", type=float, default=1.0, help="pause of a reader after a read")
-    parser.add_argument("--paths", type=_csv(PATHS), default=PATHS, help="comma-separated: shared,local")
-    parser.add_argument("--apis", type=_csv(APIS), default=APIS, help="comma-separated: sync,async")
-    parser.add_argument("--seed", type=int, default=20261204)
+    parser.add_argument("--paths", type=kit.csv(PATHS), default=PATHS, help="comma-separated: shared,local")
+    parser.add_argument("--apis", type=kit.csv(APIS), default=APIS, help="comma-separated: sync,async")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one wait may take")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    for name in ("workers", "writes", "documents", "groups", "writers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    kit.at_least_one(parser, args, ("workers", "writes", "documents", "groups", "writers"))
     if args.documents < args.writers or args.groups > args.documents:
         parser.error("--documents must be at least --writers and --groups")
     if args.write_interval_ms < 0 or args.read_pause_ms < 0:
@@ -869,19 +742,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    from client_query_cache.testing import disposable_uri
-
     status = Status()
     started = time.perf_counter()
-    try:
-        status("starting the server (or using MONGODB_URI)")
-        with disposable_uri() as uri:
-            report = run(args, uri, status)
-    except BenchmarkFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    report = kit.with_server(lambda uri: run(args, uri, status), status)
+    if report is None:
         return 1
     report["elapsed_seconds"] = time.perf_counter() - started
-    return conclude(report, checks(report), print_report, args.json)
+    return kit.conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

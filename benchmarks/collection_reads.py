@@ -1,57 +1,12 @@
 """Collection-read benchmark: cached against direct for find, aggregate, counts, distinct.
 
-One process, one collection of documents of about 1 KiB
-(``benchmarks._common.make_document`` plus ``group`` = i mod G, G = D/20,
-and ``bucket`` = i mod 20, both indexed), one process-local ``CacheManager`` and the same
-``MongoClient`` read directly (primary, majority). Operations:
-
-  find_one      ``find_one({"group": g, "age": {"$gte": 18}}, sort=[("_id", -1)])``
-  find_small    ``find({"group": g}, sort=[("_id", 1)])``, listed (about D/G documents)
-  find_large    ``find({"bucket": b}, sort=[("_id", 1)])``, listed (about D/20)
-  aggregate     ``$match`` on a group, ``$group`` by city (count, average age), ``$sort``
-  count         ``count_documents({"bucket": b, "age": {"$gte": 40}})``
-  distinct      ``distinct("address.city", {"group": g})``
-
-Three phases, each ``--samples`` samples per operation, the cached and the
-direct read of a sample back to back in alternating order:
-
-  hot     parameters drawn from a hot set (16 groups, 4 buckets) that the
-          cache was warmed with: every timed cached read must be a hit;
-  cold    every sample adds ``{"_id": {"$ne": -k}}`` with a k of its own to
-          the filter (the result is unchanged, the key is new), so every
-          cached read is a miss that reads MongoDB and admits its result;
-  writer  hot parameters while a separate process updates one random
-          document every 10 ms (each write invalidates every cached read of
-          the collection): the hit rate and the latency of a cache that keeps
-          refilling.
-
-Every hot and cold result is compared with the direct read of the same
-sample, after both stop timestamps; a difference fails the run. In the
-writer phase (the writer sets each document's next ``version`` and reports
-every write's ``operationTime``) the two reads may straddle a write, which
-changes only versions: the cached result must equal the direct one but for
-the versions (count, distinct and aggregate do not depend on them), and the
-oracle (``benchmarks._oracle``) judges every document a cached find
-returned: not older than the newest write the cache had applied before the
-read started (``stale_reads``), nor than an earlier cached read had returned
-(``monotonic_violations``); both must be 0, and at least
-``MIN_WRITER_HIT_FRACTION`` of the phase's cached reads must hit
-(``phases.writer_judgement``). Times include listing a cursor. Quantiles are
-nearest-rank. Ratios are cached p50 / direct p50 of the same phase.
-
-    python -m benchmarks.collection_reads --json out.json   # full (about 1.5 minutes here)
-    python -m benchmarks.collection_reads --quick           # smoke run
-
-Uses the disposable server unless MONGODB_URI names a deployment; the
-benchmark works in a database of its own and drops it afterwards.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.collection_reads`.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
-import multiprocessing
 import random
 import sys
 import time
@@ -63,18 +18,9 @@ import pymongo
 from pymongo.read_concern import ReadConcern
 
 from client_query_cache import CacheManager
-from client_query_cache.testing import disposable_uri
 
-from ._common import (
-    bypass_split,
-    exit_code,
-    machine_facts,
-    make_document,
-    progress,
-    summarize,
-    warm_until_hits,
-    write_json,
-)
+from . import _kit as kit
+from ._kit import bypass_split, make_document, progress, summarize, warm_until_hits
 from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, initial_versions, judge
 
 SCHEMA = "client-query-cache/collection-reads/2"
@@ -295,10 +241,9 @@ def _writer_phase(
     (``writer``, ``writer_updates``, ``writer_judgement``); returns the
     problems."""
     progress(f"writer phase: one update every {write_interval * 1000:.0f} ms from another process")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = kit.context()
     stop, count, log = ctx.Event(), ctx.Value("l", 0), ctx.Queue()
-    writer = ctx.Process(target=_writer, args=(uri, db_name, documents, write_interval, stop, count, log))
-    writer.start()
+    writer = kit.spawn(_writer, uri, db_name, documents, write_interval, stop, count, log)
     checker = _UnderWrites(manager, db_name)
     try:
         deadline = time.monotonic() + 60
@@ -414,7 +359,7 @@ def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_in
             "seed": seed,
             "write_interval_s": write_interval,
         },
-        "machine": machine_facts(),
+        "machine": kit.machine_facts(),
         "phases": phases,
         "ratios": ratios,
         "targets": {"hot_cached_over_direct_p50": TARGET_HOT, "cold_cached_over_direct_p50": TARGET_COLD},
@@ -452,14 +397,10 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.collection_reads", description=__doc__.split("\n")[0]
-    )
+    parser = kit.parser("collection_reads", __doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run (fewer documents and samples)")
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--documents", type=int, default=None)
     parser.add_argument("--samples", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--write-interval-ms", type=float, default=10.0)
     args = parser.parse_args(argv)
     documents = args.documents or (1000 if args.quick else 2000)
@@ -467,16 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     groups = max(HOT_GROUPS, documents // 20)
     started = time.perf_counter()
     progress("starting the server (or using MONGODB_URI)...")
-    with disposable_uri() as uri:
+    with kit.server() as uri:
         report = run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000)
     report["mode"] = "quick" if args.quick else "full"
     report["elapsed_seconds"] = time.perf_counter() - started
-    _print(report)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    print(f"elapsed {report['elapsed_seconds']:.0f}s")
-    return exit_code(report["checks"]["problems"])
+    return kit.conclude(report, None, _print, args.json, elapsed=True) or kit.exit_code(report["checks"]["problems"])
 
 
 if __name__ == "__main__":

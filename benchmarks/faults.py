@@ -1,60 +1,7 @@
 """Fault injection: faults of the link, the stream, the server, the owner and
-the workers while a cache serves reads and a writer writes; every read
-checked for staleness.
+the workers, while a cache serves reads and a writer writes.
 
-Each scenario gets a disposable server of its own (on-disk storage, a fixed
-port, an oplog of 5 entries after an explicit prune) and a ``FaultProxy``
-between the cache's change stream and the server (``stream_uri=``), while the
-cache's reads and the writer go to the server directly. A reader thread reads
-8 documents by ``_id`` through the cache in a loop, with
-``max_await_time_ms`` 200 (so the stall bound is 2.4 s); a writer thread
-updates one every 10 ms with a growing ``version``. Link, stream and server
-scenarios use a process-local ``CacheManager``; owner and worker scenarios a
-shared cache (an owner, and this process attached to it as a worker). The
-oracle is that of ``benchmarks.coherence``: before each read the cache's
-applied cluster time is read, and a read must not return an older version
-than the newest write at or before it. A write whose acknowledgement was lost
-(the server went away) may appear or not, but no version that was never sent
-may.
-
-The scenarios (timeline: warm up, 0.5 s of normal service, the fault, the
-heal, then reads until the cache serves a hit again and 0.5 s more):
-
-  cut             every stream connection is cut and new ones refused, 1 s
-  stall           the link holds all traffic, connections open, 4 s
-                  (longer than the stall bound)
-  slow_link       every chunk of the link waits 300 ms, 3 s
-  cursor_killed   the stream's cursor is killed by another client
-  server_restart  the server stops and starts again on the same port with
-                  the same storage after 1 s (reads fail meanwhile: PyMongo's
-                  own errors)
-  history_lost    the link is cut, the writes go on and the oplog is pruned,
-                  so the stream cannot resume; 1 s
-  unreachable_at_start  the server is down when the manager is created and
-                  comes up 1 s later
-  owner_killed    the owner gets SIGKILL; a new owner of the same name is
-                  started 1 s later (the worker finds it by itself)
-  owner_hung      the owner is stopped (SIGSTOP) for 2 s, then continued
-  worker_killed   another worker, admitting all the time (queries missed
-                  after every write), gets SIGKILL three times, each time
-                  at a random point of its work (a new one is started after
-                  each kill)
-  ring_full       documents of 200 KB; the owner is stopped for 1 s and the
-                  worker misses at once on 12 queries never read before, so
-                  its ring fills and its admissions are dropped
-  arena_full      documents of 32 KB, 64 of them, through a 1 MiB arena:
-                  eviction all the time, for 2 s
-
-Per scenario: reads, hits, reads that raised PyMongo's errors, any other
-exception (must be none), stale reads (must be 0), the longest time a read
-returned a version after a newer one had been acknowledged ("superseded"; up
-to the stall bound while a stalled stream is not yet detected, by design),
-admissions the cache refused or dropped, and the recovery time: from the heal
-to the first hit.
-
-    python -m benchmarks.faults [--json out.json] [--scenarios cut,stall]
-
-Exit status 1 if a check fails. Needs a local server (not MONGODB_URI).
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.faults`.
 """
 
 from __future__ import annotations
@@ -62,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import random
 import secrets
@@ -79,7 +25,7 @@ import pymongo
 from bson.int64 import Int64
 from pymongo.errors import PyMongoError
 
-from ._common import conclude, machine_facts
+from . import _kit as kit
 from ._proxy import FaultProxy
 from .coherence import Oracle, Write, applied_time
 
@@ -118,9 +64,7 @@ class Context:
     docs: int = DOCS
 
     def start_owner(self) -> None:
-        from client_query_cache import SharedCache
-
-        self.owner = SharedCache.start(self.owner_name, self.server.uri, **self.owner_options)
+        self.owner = kit.start_owner(self.owner_name, self.server.uri, **self.owner_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,12 +162,8 @@ def _continue_owner(ctx: Context) -> None:
 
 
 def _spawn_admitting_worker(ctx: Context) -> None:
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_admitting_worker,
-        args=(ctx.owner_name, ctx.server.uri, ctx.db, ctx.coll, os.environ.get("CQC_RUNTIME_DIR", "")),
-        daemon=True,
-    )
-    proc.start()
+    runtime_dir = os.environ.get("CQC_RUNTIME_DIR", "")
+    proc = kit.spawn(_admitting_worker, ctx.owner_name, ctx.server.uri, ctx.db, ctx.coll, runtime_dir, daemon=True)
     ctx.workers.append(proc)
     deadline = time.monotonic() + 30
     while ctx.owner.snapshot()["attached_workers"] < 2:  # this process and it
@@ -306,9 +246,7 @@ def _admitting_worker(name: str, uri: str, db: str, coll: str, runtime_dir: str)
         cached.find({"version": {"$gte": rng.randrange(3)}}).to_list()
 
 
-# ============================================================================
-# The writer
-# ============================================================================
+# -- The writer ------------------------------------------------------------------
 
 
 class Writer(threading.Thread):
@@ -350,9 +288,7 @@ class Writer(threading.Thread):
         self._client.close()
 
 
-# ============================================================================
-# The reader
-# ============================================================================
+# -- The reader ------------------------------------------------------------------
 
 
 class Reader(threading.Thread):
@@ -481,9 +417,7 @@ class Reader(threading.Thread):
         return worst / 1e6
 
 
-# ============================================================================
-# One scenario
-# ============================================================================
+# -- One scenario ----------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -513,12 +447,10 @@ def run_scenario(name: str, *, seed: int = 20261204, timeout: float = 30.0) -> d
 
 def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
     from client_query_cache import CacheManager
-    from client_query_cache.testing import DisposableServer
 
-    server = DisposableServer(oplog_max_entries=5, extra_args=["--enable-test-commands"])
+    # The server binds its port before the proxy asks the system for one.
+    server = kit.disposable_server(oplog_max_entries=5, extra_args=["--enable-test-commands"])
     try:
-        # The server binds its port before the proxy asks the system for one.
-        server.start()
         proxy = FaultProxy(server.port).start()
     except BaseException:
         server.close()
@@ -605,6 +537,16 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
         ctx.admin.close()
         proxy.close()
         server.close()
+    times = {"injected": injected, "healed": healed, "recovered": recovered, "trust_ms": trust_ms}
+    return _result(scenario, reader, writer, before, after, stream, times, caught_up, attached)
+
+
+def _result(
+    scenario: Scenario, reader: Reader, writer: Writer, before: Any, after: Any, stream: Any,
+    times: dict[str, Any], caught_up: bool, attached: int | None,
+) -> dict[str, Any]:
+    """A scenario's figures from its reads, writes and snapshots."""
+    injected, healed, recovered, trust_ms = times["injected"], times["healed"], times["recovered"], times["trust_ms"]
     oracle = Oracle(writer.acked + writer.maybe)
     stale, impossible, examples = reader.check(oracle)
     rejected = {
@@ -640,9 +582,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
     }
 
 
-# ============================================================================
-# Report
-# ============================================================================
+# -- Report ----------------------------------------------------------------------
 
 
 def checks(report: dict[str, Any]) -> list[str]:
@@ -679,10 +619,8 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    parser = kit.parser("faults", __doc__)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
-    parser.add_argument("--seed", type=int, default=20261204)
     args = parser.parse_args(argv)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
@@ -709,13 +647,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     report = {
         "schema": SCHEMA,
-        "machine": machine_facts(),
+        "machine": kit.machine_facts(),
         "params": {"max_await_time_ms": MAX_AWAIT_MS, "stall_bound_s": STALL_BOUND_S, "seed": args.seed},
         "scenarios": results,
         "stale_reads": sum(r["stale_reads"] for r in results),
         "elapsed_seconds": time.perf_counter() - started,
     }
-    return conclude(report, checks(report), print_report, args.json)
+    return kit.conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

@@ -1,110 +1,6 @@
 """Performance guard: the working tree against a base revision, block by block.
 
-    python -m benchmarks.guard BASE_REV [--quick] [--blocks N] [--ops N] [--json PATH]
-                                        [--work-rev REV] [--slowdown-injection F]
-
-Builds ``client_query_cache._native`` twice, out of place and with the same
-flags: once from ``git archive BASE_REV`` and once from a copy of the working
-tree (tracked and untracked, not ignored, files; uncommitted changes
-included), each into a package directory of its own under a temporary
-directory (``setup.py build --build-lib``). Nothing is built or written in
-the checkout itself, and the temporary directory is removed at the end, also
-after an error. ``--work-rev REV`` builds REV instead of the working tree
-(``BASE_REV --work-rev BASE_REV`` compares two builds of the same source).
-
-Then it starts one disposable server (``client_query_cache.testing``, or
-``MONGODB_URI``), loads a database of its own with documents of about 4 KiB
-(``benchmarks._common.make_document``), and runs **blocks**: one block is one
-child process (``python -m benchmarks.guard --run-block``) whose ``sys.path``
-holds one side's package and nothing of the other side, so the two builds are
-never imported into one interpreter. A block runs every case below once, each
-with a fresh process-local ``CacheManager`` (default options), and returns the
-median (nearest rank) of each case's per-operation times.
-
-Cases (per operation, ``perf_counter_ns``; every result is compared with the
-stored document after its stop timestamp, and a block fails if any is wrong or
-the cache counters do not show what the case claims):
-
-  hit           ``find_one({"_id": i})`` for random ``i`` among
-                ``ops/2`` (at most 1,000) documents the manager has admitted;
-                every timed read must be a hit.
-  miss          ``find_one({"_id": i})`` of a document this manager never
-                read (distinct ``i`` per operation): the lookup miss, the
-                admission token, the read from the server (primary, majority,
-                raw BSON), the admission and the decoding. Every timed read
-                must be a miss and be admitted.
-  admission     the miss path without the server read: through the private
-                step API of ``CachedCollection._core`` (``fast_find_one`` to
-                the READ step, then ``finish(step, raw)`` with the raw
-                document fetched beforehand), i.e. lookup miss, token capture,
-                admit and decode of a document never read. Every timed read
-                must be admitted (and a later ``find_one`` a hit). A tree
-                without that API reports the case "not comparable".
-  invalidation  the stale window after a write: a cached document is updated
-                through ``.raw.update_one`` (``$set`` a new ``version``;
-                untimed); from the moment the write is acknowledged, the
-                caller polls ``find_one`` and the time is taken at the start
-                of the first call that returns the new version (so the
-                read-through that follows the invalidation is not included).
-                Its own collection of 16 documents, written in turn.
-
-Per block: ``--ops`` hit reads (2,000; quick 500), half as many admissions,
-a tenth as many misses and a fiftieth as many invalidations (at least 10 and
-5). The case order rotates from pair to pair.
-
-Method. Blocks run in pairs, one per side, their order alternating (base then
-work, work then base, ...: ABBA), after one warm-up pair that is discarded;
-``--blocks`` pairs (12; quick 6). The machine drifts by far more than the
-effect looked for (the same operation by 1.5x over a minute here), so each
-comparison is paired: per pair, the log of work/base of the block medians.
-The estimate of the slowdown is the Hodges-Lehmann estimate of those logs
-(the median of their Walsh averages) and its 95% confidence interval is the
-exact Wilcoxon signed-rank interval (order statistics of the Walsh averages):
-rank based, no assumption of normality, one wild block moves it by one rank
-only. At least 6 pairs are needed for a 95% interval. The report also gives
-the ratio of the medians of the block medians (work/base).
-
-Verdict per case, for threshold T = 1.15 (``--threshold``):
-
-  slower        the whole interval is above T: a stable slowdown of 15% or
-                more. Exit status 1.
-  ok            the interval's upper bound is below T: a slowdown of 15% is
-                excluded (at the confidence level) whatever the estimate.
-  inconclusive  the interval contains T (noise, or a slowdown near T), or
-                too few pairs for an interval: a warning, exit status 0;
-                rerun with more ``--blocks`` on a quieter machine.
-  not comparable  the base cannot run the case (its API is missing, or it
-                fails there); a warning, exit status 0.
-  error         the working tree fails the case: exit status 2 unless
-                another case is slower.
-
-Exit status: 1 if any case is slower; 2 on a usage or build error, a failed
-block or a case the working tree fails; else 0.
-
-Self-check: ``--slowdown-injection F`` makes the working-tree side spin, in
-every timed interval, ``F - 1`` times the interval it just measured (the
-recorded time is about F times the real one), so ``BASE_REV --work-rev
-BASE_REV --slowdown-injection 1.3`` must say "slower" for every case and the
-same command without injection must not.
-
-What this does not show:
-
-* Only what the cases measure, in one process, one thread, on the local
-  server: no shared cache (owner, rings), no async facade, no eviction, no
-  concurrency. A slowdown elsewhere passes.
-* miss and invalidation are dominated by the server (a pure-Python server on
-  the same two cores when no MONGODB_URI is given): a 15% slowdown of the
-  cache's own share of a miss moves the whole by a few percent and is not
-  detected. The invalidation case mostly measures how soon the server
-  delivers the change event; it catches a follower that is late by
-  milliseconds, not one that spends 15% more CPU per event.
-* The verdict is about the block medians, not about tails (p99).
-* "ok" means no stable slowdown of 15% at this noise level, not "no
-  slowdown": smaller regressions pass, and a noisy machine makes the
-  intervals wide (inconclusive) rather than wrong.
-* The slowdown injection scales the recorded times, not the code: it checks
-  the statistics and the plumbing, not the cases' sensitivity to a real
-  change.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.guard`.
 """
 
 from __future__ import annotations
@@ -133,7 +29,8 @@ import bson
 import pymongo
 from bson.raw_bson import RawBSONDocument
 
-from ._common import machine_facts, make_document, progress, quantile, write_json
+from . import _kit as kit
+from ._kit import machine_facts, make_document, progress, quantile, write_json
 
 SCHEMA = "client-query-cache/guard/1"
 
@@ -168,9 +65,7 @@ class GuardError(Exception):
     """The guard cannot measure: bad revision, build failure, failed block."""
 
 
-# --------------------------------------------------------------------------
-# The decision: pure functions of the block medians
-# --------------------------------------------------------------------------
+# -- The decision: pure functions of the block medians ---------------------------
 
 
 class Verdict(enum.Enum):
@@ -315,13 +210,11 @@ def decide(
     return Comparison(verdict, ratio, estimate, low, high, coverage, method, reason)
 
 
-# --------------------------------------------------------------------------
-# Building the two sides
-# --------------------------------------------------------------------------
+# -- Building the two sides ------------------------------------------------------
 
 
 def _git(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], stdout=stdout, stderr=subprocess.PIPE)
+    return kit.run_command(["git", "-C", str(REPO_ROOT), *args], stdout=stdout, stderr=subprocess.PIPE)
 
 
 def resolve_rev(rev: str) -> str:
@@ -383,7 +276,7 @@ def start_build(src: Path, out: Path) -> tuple[subprocess.Popen[bytes], Path, An
         sys.executable, "setup.py", "build",
         "--build-base", str(out / "build"), "--build-lib", str(lib),
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=src, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    proc = kit.popen(cmd, cwd=src, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     return proc, lib, log
 
 
@@ -403,9 +296,7 @@ def finish_build(proc: subprocess.Popen[bytes], lib: Path, log: Any, label: str)
         raise GuardError(f"building {label} failed (status {code}):\n{tail}")
 
 
-# --------------------------------------------------------------------------
-# One block (runs in a child process, with one side's package on sys.path)
-# --------------------------------------------------------------------------
+# -- One block (runs in a child process, with one side's package on sys.path) ----
 
 
 class Unavailable(Exception):
@@ -707,9 +598,7 @@ def _block_main(argv: list[str]) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------
-# The parent: sides, data, pairs of blocks, report
-# --------------------------------------------------------------------------
+# -- The parent: sides, data, pairs of blocks, report ----------------------------
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -766,7 +655,7 @@ def run_child(side: Side, cfg: dict[str, Any], workdir: Path, tag: str) -> dict[
     env["PYTHONPATH"] = os.pathsep.join([str(side.lib), str(REPO_ROOT)])
     cmd = [sys.executable, "-m", "benchmarks.guard", _RUN_BLOCK, str(config_path), str(out_path)]
     try:
-        proc = subprocess.run(
+        proc = kit.run_command(
             cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
             text=True, timeout=BLOCK_TIMEOUT_S,
         )  # fmt: skip
@@ -844,6 +733,12 @@ def _median_of_block_medians(blocks: list[dict[str, Any]], case: str, side: str)
     return quantile(vals, 50) if vals else float("nan")
 
 
+def _block_medians(blocks: list[dict[str, Any]], case: str, side: str) -> list[Any]:
+    """A side's block medians of a case, pair by pair (None where it failed)."""
+    mine = [b for b in blocks if b["pair"] >= 0 and b["side"] == side and case in b["cases"]]
+    return [b["cases"][case].get("p50_ns") for b in mine]
+
+
 def _print(report: dict[str, Any]) -> None:
     cfg = report["config"]
     print(
@@ -889,8 +784,6 @@ def _describe_worktree() -> str:
 
 
 def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
-    from client_query_cache.testing import disposable_uri
-
     timings: dict[str, float] = {}
     t = time.perf_counter()
     base_sha = resolve_rev(args.base_rev)
@@ -924,7 +817,7 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
     }
 
     progress("starting the server (or using MONGODB_URI)...")
-    with disposable_uri() as uri:
+    with kit.server() as uri:
         rng = random.Random(args.seed)
         db_name = f"cqc_guard_{int(time.time())}_{rng.randint(0, 10**6)}"
         try:
@@ -951,8 +844,8 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
             "comparison": comparisons[case].as_dict(),
             "base_p50_ns": _median_of_block_medians(blocks, case, "base"),
             "work_p50_ns": _median_of_block_medians(blocks, case, "work"),
-            "base_block_p50_ns": [b["cases"][case].get("p50_ns") for b in blocks if b["pair"] >= 0 and b["side"] == "base" and case in b["cases"]],
-            "work_block_p50_ns": [b["cases"][case].get("p50_ns") for b in blocks if b["pair"] >= 0 and b["side"] == "work" and case in b["cases"]],
+            "base_block_p50_ns": _block_medians(blocks, case, "base"),
+            "work_block_p50_ns": _block_medians(blocks, case, "work"),
         }
         for case in CASES
     }

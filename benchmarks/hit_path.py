@@ -1,33 +1,10 @@
 """Hit-path benchmark: a cached find_one next to its floor and a direct read.
 
-For about 1,000 documents of about 4 KiB, one process measures, interleaved
-sample by sample (decode, hit, direct, decode, hit, direct, ...):
-
-  decode  building the document from the same BSON bytes with the
-          collection's codec options (the floor of any hit: the caller needs
-          a fresh Python object);
-  hit     ``CachedCollection.find_one({"_id": i})`` answered from the cache;
-  direct  ``Collection.find_one({"_id": i})`` through PyMongo to the server.
-
-and the same three again with ``AsyncMongoClient`` and ``AsyncCacheManager``
-in an event loop (``await`` on the hit and on the direct read).
-
-Quantiles are nearest-rank. Setup and warm-up are outside the timed region;
-every sampled result is checked against the expected document after its stop
-timestamp, and every timed cache read must have been a hit.
-
-With ``--shared``, a fourth loop interleaves decode, a process-local hit, a
-shared-cache hit (this process attached as a worker to an owner process) and a
-direct read.
-
-    python -m benchmarks.hit_path [--quick] [--shared] [--json PATH]
-
-Uses the disposable server unless MONGODB_URI names a deployment.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.hit_path`.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import asyncio
 import gc
@@ -41,12 +18,11 @@ from typing import Any
 import bson
 import pymongo
 
-from client_query_cache import AsyncCacheManager, CacheManager, SharedCache
-from client_query_cache._core.config import MiB
+from client_query_cache import AsyncCacheManager, CacheManager
 from client_query_cache._core.engine import decode_bson
-from client_query_cache.testing import disposable_uri
 
-from ._common import machine_facts, make_document, progress, summarize, warm_until_hits, write_json
+from . import _kit as kit
+from ._kit import make_document, progress, summarize, warm_until_hits
 
 SCHEMA = "client-query-cache/hit-path/1"
 
@@ -155,7 +131,7 @@ def _measure_shared(
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     coll = client[db_name]["docs"]
     codec = coll.codec_options
-    owner = SharedCache.start(name, uri, arena_bytes=40 * MiB, budget_bytes=32 * MiB, slots=16384)
+    owner = kit.start_owner(name, uri, **kit.OWNER_GEOMETRY)
     try:
         with CacheManager(client) as local, CacheManager(client, shared=name) as shared:
             local_docs = local[db_name]["docs"]
@@ -239,6 +215,10 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
         a_decode, a_hit, a_direct, a_mismatches, a_hits = asyncio.run(
             _measure_async(uri, db_name, expected, raw_by_id, order)
         )
+        if a_mismatches or a_hits != samples:
+            raise RuntimeError(
+                f"async verification failed: {a_mismatches} mismatches, {a_hits} hits for {samples} reads"
+            )
         shared_times: dict[str, list[int]] = {}
         if shared:
             progress("measuring the shared cache...")
@@ -252,16 +232,21 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
         client.drop_database(db_name)
         client.close()
 
-    timed_hits = after.hits - before.hits
-    timed_misses = after.misses - before.misses
+    return _report(docs, samples, seed, sizes, setup_seconds, (t_decode, t_hit, t_direct, mismatches),
+                   (a_decode, a_hit, a_direct), shared_times, after.hits - before.hits, after.misses - before.misses)
+
+
+def _report(
+    docs: int, samples: int, seed: int, sizes: list[int], setup_seconds: float, sync: tuple[Any, ...],
+    asyncs: tuple[Any, ...], shared_times: dict[str, list[int]], timed_hits: int, timed_misses: int,
+) -> dict[str, Any]:
+    """The figures, after the checks that the timed reads were right and hits."""
+    t_decode, t_hit, t_direct, mismatches = sync
+    a_decode, a_hit, a_direct = asyncs
     if mismatches or timed_hits != samples or timed_misses:
         raise RuntimeError(
             f"verification failed: {mismatches} mismatching results, "
             f"{timed_hits} hits and {timed_misses} misses for {samples} cached reads"
-        )
-    if a_mismatches or a_hits != samples:
-        raise RuntimeError(
-            f"async verification failed: {a_mismatches} mismatches, {a_hits} hits for {samples} reads"
         )
     decode, hit, direct = summarize(t_decode), summarize(t_hit), summarize(t_direct)
     adecode, ahit, adirect = summarize(a_decode), summarize(a_hit), summarize(a_direct)
@@ -283,9 +268,9 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             "document_bytes_mean": sum(sizes) / len(sizes),
             "document_bytes_min": min(sizes),
             "document_bytes_max": max(sizes),
-            "external_deployment": uri_is_external(),
+            "external_deployment": kit.external(),
         },
-        "machine": machine_facts(),
+        "machine": kit.machine_facts(),
         "setup_seconds": setup_seconds,
         "results": {
             "decode": decode,
@@ -323,12 +308,6 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
     return report
 
 
-def uri_is_external() -> bool:
-    from client_query_cache.testing import external_uri
-
-    return external_uri() is not None
-
-
 def _print(report: dict[str, Any]) -> None:
     cfg = report["config"]
     print(
@@ -350,27 +329,19 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.hit_path", description=__doc__.split("\n")[0])
+    parser = kit.parser("hit_path", __doc__, seed=20261203)
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=20261203)
-    parser.add_argument(
-        "--shared", action="store_true", help="also measure a shared-cache hit (starts an owner)"
-    )
+    parser.add_argument("--shared", action="store_true", help="also measure a shared-cache hit (starts an owner)")
     args = parser.parse_args(argv)
     samples = args.samples or (2000 if args.quick else 20000)
     progress("starting the server (or using MONGODB_URI)...")
-    with disposable_uri() as uri:
+    with kit.server() as uri:
         progress(f"measuring {samples} samples...")
         report = _run(uri, args.documents, samples, args.seed, args.shared)
     report["mode"] = "quick" if args.quick else "full"
-    _print(report)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    return kit.conclude(report, None, _print, args.json)
 
 
 if __name__ == "__main__":

@@ -1,41 +1,6 @@
 """Public-API shared-cache benchmark: direct reads, independent caches, one shared cache.
 
-Several spawned worker processes (4 by default) read ~4 KiB documents by
-``_id`` through the public API, three ways:
-
-  direct       PyMongo ``find_one`` at the primary with read concern majority
-               (what a cache miss costs, and what an application without a
-               cache does);
-  independent  each worker its own process-local ``CacheManager`` (default
-               64 MiB budget, one change stream per worker);
-  shared       one owner (``SharedCache.start``, 40 MiB arena, 32 MiB budget,
-               16,384 slots) and ``CacheManager(client, shared=name)`` in each
-               worker (one change stream in all).
-
-each with ``MongoClient``/``CacheManager`` (sync) and with
-``AsyncMongoClient``/``AsyncCacheManager`` in an event loop (async). For each
-of these six phases, fresh workers (and, for shared, a fresh owner) run two
-measured windows:
-
-  hot   after warming up (every worker reads the hot set until its reads are
-        hits; for shared, until the owner has admitted all of it), a start
-        barrier, then N reads per worker of random hot identities;
-  cold  N reads per worker of identities that nobody read before (distinct,
-        seeded, outside the hot set).
-
-Each repetition rotates the order of the three paths. Per window it reports
-nearest-rank latency quantiles over all workers' samples, hits, CPU of the
-workers and the owner (during the measured reads, and cumulative from process
-start, i.e. including warm-up and owner start-up), PSS summed over the workers
-and the owner (sampled while every manager and mapping is still attached) and
-the number of active change streams; then medians across repetitions and the
-shared/direct and shared/independent ratios.
-
-    python -m benchmarks.public_shared_cache --output FILE.json   # full
-    python -m benchmarks.public_shared_cache --quick              # smoke run
-
-Uses the disposable server unless MONGODB_URI names a deployment (the
-benchmark works in a database of its own and drops it afterwards).
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.public_shared_cache`.
 """
 
 from __future__ import annotations
@@ -43,20 +8,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
-import hashlib
 import importlib
-import multiprocessing
 import os
-import queue as queue_mod
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +25,8 @@ import pymongo
 from bson.raw_bson import RawBSONDocument
 from pymongo.read_concern import ReadConcern
 
-from ._common import exit_code, machine_facts, make_document, progress, summarize, write_json
+from . import _kit as kit
+from ._kit import BenchmarkFailed, MiB, Shared, Status, summarize
 
 SCHEMA = "client-query-cache/public-shared-cache/1"
 
@@ -74,11 +34,6 @@ PATHS = ("direct", "independent", "shared")
 MODES = ("sync", "async")
 WINDOWS = ("hot", "cold")
 
-MiB = 1024 * 1024
-#: The owner's geometry (the deployment guide's example, DESIGN.md's benchmark).
-OWNER_ARENA_BYTES = 40 * MiB
-OWNER_BUDGET_BYTES = 32 * MiB
-OWNER_SLOTS = 16384
 
 COLLECTION = "docs"
 #: Cold identities start here, far above any hot identity.
@@ -90,16 +45,10 @@ DIRECT_WARM_READS = 64
 #: A cached worker gives up warming after this many passes over the hot set.
 MAX_WARM_PASSES = 50
 
-DIGEST_BYTES = 16
-
 MATPLOTLIB_HINT = (
     "matplotlib is needed to write the PNG: install it (pip install 'matplotlib==3.11.2') "
     "or pass --no-png"
 )
-
-
-def _digest(raw: bytes) -> bytes:
-    return hashlib.blake2b(raw, digest_size=DIGEST_BYTES).digest()
 
 
 def _active_streams(snapshot: Any) -> int:
@@ -129,9 +78,7 @@ def _process_cpu_s(pid: int) -> float:
         return _cpu_seconds(psutil.Process(pid).cpu_times())
 
 
-# ============================================================================
-# Worker processes
-# ============================================================================
+# -- Worker processes ------------------------------------------------------------
 #
 # A worker runs one phase (one path, one mode): warm-up, then the hot and the
 # cold window. It meets the parent at the barrier (parties = workers + 1):
@@ -153,16 +100,12 @@ def _process_cpu_s(pid: int) -> float:
 # barrier, so the parent fails at once instead of waiting for a timeout.
 
 
-class _WorkerFailure(RuntimeError):
-    pass
-
-
 def _verify(got: Any, want: bytes, codec: Any) -> bool:
     """The result, re-encoded with the collection's codec options, is the
     inserted BSON (same fields, order, types and values)."""
     if got is None:
         return False
-    return _digest(bson.encode(got, codec_options=codec)) == want
+    return kit.digest(bson.encode(got, codec_options=codec)) == want
 
 
 def _window_ids(spec: dict[str, Any], window: str) -> tuple[list[int], list[bytes]]:
@@ -206,276 +149,135 @@ def _window_result(
     return result
 
 
-def _sync_worker(spec: dict[str, Any], barrier: Any, results: Any) -> None:
-    from client_query_cache import CacheManager
-
-    timeout = spec["timeout"]
-    db, index = spec["db"], spec["index"]
-    cpu_clock = time.process_time_ns  # all threads of this process, user + system
-    clock = time.perf_counter_ns
-    tclock = time.thread_time_ns
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
-    manager: CacheManager | None = None
-    try:
-        coll = client[db][COLLECTION]
-        codec = coll.codec_options
-        if spec["path"] == "direct":
-            reader: Any = coll.with_options(read_concern=ReadConcern("majority"))
-        else:
-            manager = (
-                CacheManager(client, shared=spec["shared_name"])
-                if spec["path"] == "shared"
-                else CacheManager(client)
-            )
-            reader = manager[db][COLLECTION]
-        hot_ids = list(range(spec["hot"]))
-        rng = random.Random(spec["warm_seed"])
-
-        # -- warm-up, step A ------------------------------------------------
-        if manager is None:
-            for i in hot_ids[:DIRECT_WARM_READS]:
-                reader.find_one({"_id": i})
-        else:
-            reader.find_one({"_id": hot_ids[0]})  # registers the namespace, starts its stream
-            if not manager.wait_ready(timeout, database=db):
-                raise _WorkerFailure("the change stream did not become ready")
-            # Every worker reads the whole hot set, in an order of its own, as
-            # independent application processes would: nothing splits the
-            # work between the workers of the shared path.
-            first = hot_ids[:]
-            rng.shuffle(first)
-            for i in first:
-                reader.find_one({"_id": i})
-        barrier.wait(timeout)
-        barrier.wait(timeout)  # B: the owner admitted the hot set (shared)
-
-        # -- warm-up, step C: until a whole pass over the hot set hits --------
-        warm_passes = 0
-        if manager is not None:
-            while True:
-                warm_passes += 1
-                order = hot_ids[:]
-                rng.shuffle(order)
-                h0 = manager.snapshot().hits
-                for i in order:
-                    reader.find_one({"_id": i})
-                if manager.snapshot().hits - h0 == len(order):
-                    break
-                if warm_passes >= MAX_WARM_PASSES:
-                    raise _WorkerFailure(f"hot set still missing after {warm_passes} warm-up passes")
-                time.sleep(0.05)
-
-        for window in WINDOWS:
-            ids, want = _window_ids(spec, window)
-            filters = [{"_id": i} for i in ids]
-            samples = [0] * len(ids)
-            mismatches = 0
-            verify_ns = 0
-            before = manager.snapshot() if manager is not None else None
-            gc.collect()
-            barrier.wait(timeout)  # start
-            cpu0 = cpu_clock()
-            for k, filt in enumerate(filters):
-                t0 = clock()
-                got = reader.find_one(filt)
-                t1 = clock()
-                samples[k] = t1 - t0
-                v0 = tclock()
-                if not _verify(got, want[k], codec):
-                    mismatches += 1
-                verify_ns += tclock() - v0
-                del got
-            cpu1 = cpu_clock()
-            after = manager.snapshot() if manager is not None else None
-            barrier.wait(timeout)  # end: the parent samples memory and CPU
-            barrier.wait(timeout)  # release
-            result = _window_result(spec, window, samples, mismatches, verify_ns, cpu0, cpu1, before, after)
-            result["warm_passes"] = warm_passes
-            results.put(("window", index, window, result))
-    finally:
-        if manager is not None:
-            manager.close()
-        client.close()
+async def _done(value: Any) -> Any:
+    """``value``, awaited if the API is async: one worker body for both."""
+    return await value if asyncio.iscoroutine(value) else value
 
 
-async def _async_worker(spec: dict[str, Any], barrier: Any, results: Any) -> None:
-    from client_query_cache import AsyncCacheManager
+def _timed_sync(reader: Any, filters: list[Any], want: list[bytes], codec: Any) -> tuple[list[int], int, int]:
+    """The measured reads: times, mismatches, verification CPU (ns)."""
+    clock, tclock = time.perf_counter_ns, time.thread_time_ns
+    samples = [0] * len(filters)
+    mismatches = verify_ns = 0
+    for k, filt in enumerate(filters):
+        t0 = clock()
+        got = reader.find_one(filt)
+        t1 = clock()
+        samples[k] = t1 - t0
+        v0 = tclock()
+        if not _verify(got, want[k], codec):
+            mismatches += 1
+        verify_ns += tclock() - v0
+        del got
+    return samples, mismatches, verify_ns
 
-    timeout = spec["timeout"]
-    db, index = spec["db"], spec["index"]
-    cpu_clock = time.process_time_ns  # all threads of this process, user + system
-    clock = time.perf_counter_ns
-    tclock = time.thread_time_ns
+
+async def _timed_async(reader: Any, filters: list[Any], want: list[bytes], codec: Any) -> tuple[list[int], int, int]:
+    """``_timed_sync`` with ``await`` on each read."""
+    clock, tclock = time.perf_counter_ns, time.thread_time_ns
+    samples = [0] * len(filters)
+    mismatches = verify_ns = 0
+    for k, filt in enumerate(filters):
+        t0 = clock()
+        got = await reader.find_one(filt)
+        t1 = clock()
+        samples[k] = t1 - t0
+        v0 = tclock()
+        if not _verify(got, want[k], codec):
+            mismatches += 1
+        verify_ns += tclock() - v0
+        del got
+    return samples, mismatches, verify_ns
+
+
+async def _warm(spec: dict[str, Any], manager: Any, reader: Any, meet: Any) -> int:
+    """Warm-up steps A, B and C (see the barrier protocol); the passes C took."""
+    hot_ids = list(range(spec["hot"]))
+    rng = random.Random(spec["warm_seed"])
+    if manager is None:
+        for i in hot_ids[:DIRECT_WARM_READS]:
+            await _done(reader.find_one({"_id": i}))
+    else:
+        await _done(reader.find_one({"_id": hot_ids[0]}))  # registers the namespace, starts its stream
+        if not await _done(manager.wait_ready(spec["timeout"], database=spec["db"])):
+            raise BenchmarkFailed("the change stream did not become ready")
+        # Every worker reads the whole hot set, in an order of its own, as
+        # independent application processes would: nothing splits the
+        # work between the workers of the shared path.
+        first = hot_ids[:]
+        rng.shuffle(first)
+        for i in first:
+            await _done(reader.find_one({"_id": i}))
+    await meet()  # A
+    await meet()  # B: the owner admitted the hot set (shared)
+    warm_passes = 0
+    while manager is not None:  # C: until a whole pass over the hot set hits
+        warm_passes += 1
+        order = hot_ids[:]
+        rng.shuffle(order)
+        h0 = manager.snapshot().hits
+        for i in order:
+            await _done(reader.find_one({"_id": i}))
+        if manager.snapshot().hits - h0 == len(order):
+            break
+        if warm_passes >= MAX_WARM_PASSES:
+            raise BenchmarkFailed(f"hot set still missing after {warm_passes} warm-up passes")
+        await asyncio.sleep(0.05)
+    return warm_passes
+
+
+async def _work(spec: dict[str, Any], shared: Shared) -> None:
+    """One worker of a phase: warm-up, then the hot and the cold window."""
+    import client_query_cache as cqc
+
+    is_async, timeout = spec["mode"] == "async", spec["timeout"]
 
     async def meet() -> None:
-        # In a thread: the event loop (PyMongo's monitors) keeps running.
-        await asyncio.to_thread(barrier.wait, timeout)
+        if is_async:  # in a thread: the event loop (PyMongo's monitors) keeps running
+            await asyncio.to_thread(shared.barrier.wait, timeout)
+        else:
+            shared.barrier.wait(timeout)
 
-    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(spec["uri"])
-    manager: AsyncCacheManager | None = None
+    db, cpu_clock = spec["db"], time.process_time_ns  # all threads of this process, user + system
+    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(spec["uri"])
+    manager: Any = None
     try:
         coll = client[db][COLLECTION]
         codec = coll.codec_options
         if spec["path"] == "direct":
             reader: Any = coll.with_options(read_concern=ReadConcern("majority"))
         else:
-            manager = (
-                AsyncCacheManager(client, shared=spec["shared_name"])
-                if spec["path"] == "shared"
-                else AsyncCacheManager(client)
-            )
+            shared_name = spec["shared_name"] if spec["path"] == "shared" else None
+            manager = kit.manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared_name)
             reader = manager[db][COLLECTION]
-        hot_ids = list(range(spec["hot"]))
-        rng = random.Random(spec["warm_seed"])
-
-        if manager is None:
-            for i in hot_ids[:DIRECT_WARM_READS]:
-                await reader.find_one({"_id": i})
-        else:
-            await reader.find_one({"_id": hot_ids[0]})
-            if not await manager.wait_ready(timeout, database=db):
-                raise _WorkerFailure("the change stream did not become ready")
-            # Every worker reads the whole hot set, in an order of its own, as
-            # independent application processes would: nothing splits the
-            # work between the workers of the shared path.
-            first = hot_ids[:]
-            rng.shuffle(first)
-            for i in first:
-                await reader.find_one({"_id": i})
-        await meet()
-        await meet()
-
-        warm_passes = 0
-        if manager is not None:
-            while True:
-                warm_passes += 1
-                order = hot_ids[:]
-                rng.shuffle(order)
-                h0 = manager.snapshot().hits
-                for i in order:
-                    await reader.find_one({"_id": i})
-                if manager.snapshot().hits - h0 == len(order):
-                    break
-                if warm_passes >= MAX_WARM_PASSES:
-                    raise _WorkerFailure(f"hot set still missing after {warm_passes} warm-up passes")
-                await asyncio.sleep(0.05)
-
+        warm_passes = await _warm(spec, manager, reader, meet)
         for window in WINDOWS:
             ids, want = _window_ids(spec, window)
             filters = [{"_id": i} for i in ids]
-            samples = [0] * len(ids)
-            mismatches = 0
-            verify_ns = 0
             before = manager.snapshot() if manager is not None else None
             gc.collect()
             await meet()  # start
             cpu0 = cpu_clock()
-            for k, filt in enumerate(filters):
-                t0 = clock()
-                got = await reader.find_one(filt)
-                t1 = clock()
-                samples[k] = t1 - t0
-                v0 = tclock()
-                if not _verify(got, want[k], codec):
-                    mismatches += 1
-                verify_ns += tclock() - v0
-                del got
+            if is_async:
+                samples, mismatches, verify_ns = await _timed_async(reader, filters, want, codec)
+            else:
+                samples, mismatches, verify_ns = _timed_sync(reader, filters, want, codec)
             cpu1 = cpu_clock()
             after = manager.snapshot() if manager is not None else None
-            await meet()  # end
+            await meet()  # end: the parent samples memory and CPU
             await meet()  # release
             result = _window_result(spec, window, samples, mismatches, verify_ns, cpu0, cpu1, before, after)
             result["warm_passes"] = warm_passes
-            results.put(("window", index, window, result))
+            shared.put("window", spec["index"], result)
     finally:
         if manager is not None:
-            await manager.close()
-        await client.close()
+            await _done(manager.close())
+        await _done(client.close())
 
 
-def _worker_main(spec: dict[str, Any], barrier: Any, results: Any) -> None:
-    """Entry point of a spawned worker."""
-    try:
-        if spec["mode"] == "sync":
-            _sync_worker(spec, barrier, results)
-        else:
-            asyncio.run(_async_worker(spec, barrier, results))
-        results.put(("done", spec["index"], None, None))
-    except BaseException:
-        results.put(("error", spec["index"], None, traceback.format_exc()))
-        with contextlib.suppress(Exception):
-            barrier.abort()
-        raise SystemExit(1) from None
-
-
-# ============================================================================
-# Progress on stderr
-# ============================================================================
-
-
-class _Progress:
-    """One status line on stderr. On a terminal it is redrawn every half
-    second with the elapsed time; otherwise each new status is a line, and a
-    long wait prints the status again every 30 seconds."""
-
-    def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
-        self._lock = threading.Lock()
-        self._status = ""
-        self._since = time.monotonic()
-        self._start = time.monotonic()
-        self._last_print = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
-        self._thread.start()
-
-    def _line(self) -> str:
-        now = time.monotonic()
-        return f"[{now - self._start:7.1f}s] {self._status} ({now - self._since:.0f}s)"
-
-    def _draw(self) -> None:
-        if self._tty:
-            # One row, or the next redraw cannot erase it.
-            width = max(20, shutil.get_terminal_size().columns - 1)
-            sys.stderr.write("\r\x1b[2K" + self._line()[:width])
-            sys.stderr.flush()
-        else:
-            progress(self._line())
-        self._last_print = time.monotonic()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            with self._lock:
-                if self._status and (self._tty or time.monotonic() - self._last_print >= 30):
-                    self._draw()
-
-    def set(self, status: str) -> None:
-        with self._lock:
-            self._status = status
-            self._since = time.monotonic()
-            self._draw()
-
-    def note(self, message: str) -> None:
-        """A permanent line (a finished step)."""
-        with self._lock:
-            if self._tty:
-                sys.stderr.write("\r\x1b[2K")
-            progress(f"[{time.monotonic() - self._start:7.1f}s] {message}")
-            if self._tty and self._status:
-                self._draw()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        with self._lock:
-            if self._tty:
-                sys.stderr.write("\r\x1b[2K")
-                sys.stderr.flush()
-
-
-# ============================================================================
-# The parent: setup, phases, statistics
-# ============================================================================
+def _worker(spec: dict[str, Any], shared: Shared) -> None:
+    """A spawned worker (``kit.Pool``'s protocol), sync or async."""
+    asyncio.run(_work(spec, shared))
 
 
 class _Plan:
@@ -514,7 +316,7 @@ class _Plan:
 
 
 def _insert_documents(
-    coll: Any, plan: _Plan, seed: int, status: _Progress
+    coll: Any, plan: _Plan, seed: int, status: Status
 ) -> tuple[list[bytes], dict[int, bytes], dict[str, Any]]:
     """Insert the hot identities (0..hot-1) and every cold identity; return
     the digests of their BSON and size statistics. Each document's BSON is
@@ -530,13 +332,13 @@ def _insert_documents(
     size_min, size_max = 1 << 30, 0
     total = len(ids)
     for start in range(0, total, INSERT_BATCH):
-        status.set(f"setup: inserting documents {start:,}/{total:,}")
+        status(f"setup: inserting documents {start:,}/{total:,}")
         batch = []
         for i in ids[start : start + INSERT_BATCH]:
-            raw = bson.encode(make_document(i, rng))
+            raw = bson.encode(kit.make_document(i, rng))
             if bson.encode(bson.decode(raw, codec), codec_options=codec) != raw:
                 raise RuntimeError(f"document {i} does not survive a decode/encode round trip")
-            d = _digest(raw)
+            d = kit.digest(raw)
             if i < COLD_ID_BASE:
                 hot_digests.append(d)
             else:
@@ -549,319 +351,149 @@ def _insert_documents(
     return hot_digests, cold_digests, sizes
 
 
-class _PhaseFailed(RuntimeError):
-    pass
-
-
 class _Phase:
     """One path and mode: an owner (shared), spawned workers, two windows."""
 
-    def __init__(
-        self,
-        ctx: Any,
-        uri: str,
-        db: str,
-        plan: _Plan,
-        rep: int,
-        path: str,
-        mode: str,
-        hot_digests: list[bytes],
-        cold_digests: dict[int, bytes],
-        timeout: float,
-        status: _Progress,
-        label: str,
-    ) -> None:
-        self.ctx, self.uri, self.db, self.plan = ctx, uri, db, plan
-        self.rep, self.path, self.mode = rep, path, mode
-        self.hot_digests, self.cold_digests = hot_digests, cold_digests
-        self.timeout = timeout
-        self.status = status
-        self.label = label
+    def __init__(self, run: _Run, rep: int, path: str, mode: str, label: str) -> None:
+        self.run_, self.plan, self.rep, self.path, self.mode, self.label = run, run.plan, rep, path, mode, label
+        self.status = run.status
         self.owner: Any = None
-        self.procs: list[Any] = []
-        self.barrier: Any = None
-        self.results: Any = None
-        self._watch_stop = threading.Event()
-        self.done = 0
+        self.pool: kit.Pool | None = None
 
-    # -- helpers --------------------------------------------------------------
-
-    def _errors(self, wait: float = 2.0) -> str:
-        """Why the phase broke: dead processes first, then the workers'
-        tracebacks (a worker that only saw the barrier break is one line)."""
-        failures, broken = [], []
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                kind, index, _, payload = self.results.get(timeout=0.2)
-            except queue_mod.Empty:
-                if failures or broken:
-                    break
-                continue
-            except (OSError, ValueError, EOFError):
-                break
-            if kind == "error":
-                if payload.rstrip().endswith("BrokenBarrierError"):
-                    broken.append(index)
-                else:
-                    failures.append(f"worker {index}:\n{payload}")
-        lines = [
-            f"worker {k} exited with code {p.exitcode}"
-            for k, p in enumerate(self.procs)
-            if p.exitcode not in (None, 0)
-        ]
-        if self.owner is not None and not self._owner_alive():
-            lines.append("the owner process is gone")
-        lines += failures
-        if broken:
-            lines.append(f"workers {sorted(broken)} stopped at the broken barrier")
-        return "\n".join(lines) or f"no worker reported an error (a wait longer than --timeout {self.timeout:g}s?)"
-
-    def _meet(self, what: str) -> None:
-        try:
-            self.barrier.wait(self.timeout)
-        except threading.BrokenBarrierError:
-            raise _PhaseFailed(f"{self.label}: barrier broken at {what}:\n{self._errors()}") from None
-
-    def _watch(self) -> None:
-        """Abort the barrier as soon as a worker or the owner dies, so the
-        parent fails now rather than at the barrier's timeout."""
-        while not self._watch_stop.wait(0.5):
-            dead = any(p.exitcode not in (None, 0) for p in self.procs)
-            if dead or (self.owner is not None and not self._owner_alive()):
-                with contextlib.suppress(Exception):
-                    self.barrier.abort()
-                return
-
-    def _owner_alive(self) -> bool:
-        import psutil
-
-        try:
-            return psutil.Process(self.owner.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    def _processes(self) -> list[tuple[str, Any]]:
-        import psutil
-
-        procs = [(f"worker{k}", psutil.Process(p.pid)) for k, p in enumerate(self.procs)]
-        if self.owner is not None:
-            procs.append(("owner", psutil.Process(self.owner.pid)))
-        return procs
-
-    # -- the phase ------------------------------------------------------------
+    def _spec(self, w: int, shared_name: str | None) -> dict[str, Any]:
+        plan, run = self.plan, self.run_
+        cold_ids = plan.cold[(self.rep, self.path, self.mode, w)]
+        return {
+            "uri": run.uri, "db": run.db, "path": self.path, "mode": self.mode, "index": w,
+            "workers": plan.workers, "hot": plan.hot, "hot_digests": run.hot_digests,
+            "hot_order": plan.hot_order(self.rep, self.mode, w), "cold_ids": cold_ids,
+            "cold_digests": [run.cold_digests[i] for i in cold_ids], "shared_name": shared_name,
+            "timeout": run.timeout, "warm_seed": f"{plan.seed}/warm/{self.rep}/{self.path}/{self.mode}/{w}",
+        }  # fmt: skip
 
     def run(self) -> dict[str, dict[str, Any]]:
-        from client_query_cache import SharedCache
-
         plan = self.plan
-        watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
         try:
             shared_name = None
             if self.path == "shared":
                 shared_name = f"cqc-pubbench-{os.getpid()}-{self.rep}-{self.mode}"
-                self.status.set(f"{self.label}: starting the owner")
-                self.owner = SharedCache.start(
-                    shared_name,
-                    self.uri,
-                    arena_bytes=OWNER_ARENA_BYTES,
-                    budget_bytes=OWNER_BUDGET_BYTES,
-                    slots=OWNER_SLOTS,
-                )
-            self.barrier = self.ctx.Barrier(plan.workers + 1)
-            self.results = self.ctx.Queue()
-            for w in range(plan.workers):
-                cold_ids = plan.cold[(self.rep, self.path, self.mode, w)]
-                spec = {
-                    "uri": self.uri,
-                    "db": self.db,
-                    "path": self.path,
-                    "mode": self.mode,
-                    "index": w,
-                    "workers": plan.workers,
-                    "hot": plan.hot,
-                    "hot_digests": self.hot_digests,
-                    "hot_order": plan.hot_order(self.rep, self.mode, w),
-                    "cold_ids": cold_ids,
-                    "cold_digests": [self.cold_digests[i] for i in cold_ids],
-                    "shared_name": shared_name,
-                    "timeout": self.timeout,
-                    "warm_seed": f"{plan.seed}/warm/{self.rep}/{self.path}/{self.mode}/{w}",
-                }
-                p = self.ctx.Process(
-                    target=_worker_main, args=(spec, self.barrier, self.results), name=f"bench-worker-{w}"
-                )
-                p.start()
-                self.procs.append(p)
-            watcher.start()
-            self.status.set(f"{self.label}: starting workers, first pass over the hot set")
-            self._meet("warm-up (first pass)")
+                self.status(f"{self.label}: starting the owner")
+                self.owner = kit.start_owner(shared_name, self.run_.uri, **kit.OWNER_GEOMETRY)
+            self.pool = kit.Pool(plan.workers, owner=self.owner, timeout=self.run_.timeout)
+            self.pool.start([self._spec(w, shared_name) for w in range(plan.workers)], _worker)
+            self.status(f"{self.label}: starting workers, first pass over the hot set")
+            self.pool.meet(f"{self.label}: warm-up (first pass)")
             if self.owner is not None:
-                self.status.set(f"{self.label}: waiting for the owner to admit the hot set")
-                deadline = time.monotonic() + self.timeout
+                self.status(f"{self.label}: waiting for the owner to admit the hot set")
+                deadline = time.monotonic() + self.run_.timeout
                 while self.owner.snapshot()["entries"] < plan.hot:
                     if time.monotonic() > deadline:
-                        with contextlib.suppress(Exception):
-                            self.barrier.abort()
-                        raise _PhaseFailed(f"{self.label}: the owner did not admit the hot set")
+                        self.pool.abort()
+                        raise BenchmarkFailed(f"{self.label}: the owner did not admit the hot set")
                     time.sleep(0.05)
-            self._meet("warm-up (owner admitted)")
-            out = {}
-            for window in WINDOWS:
-                out[window] = self._window(window)
-            self.status.set(f"{self.label}: closing")
-            while self.done < plan.workers:
-                try:
-                    kind, index, _, payload = self.results.get(timeout=self.timeout)
-                except queue_mod.Empty:
-                    raise _PhaseFailed(f"{self.label}: workers did not finish:\n{self._errors()}") from None
-                if kind == "error":
-                    raise _PhaseFailed(f"{self.label}: worker {index} failed:\n{payload}")
-                self.done += kind == "done"
-            for p in self.procs:
-                p.join(self.timeout)
+            self.pool.meet(f"{self.label}: warm-up (owner admitted)")
+            out = {window: self._window(window) for window in WINDOWS}
+            self.status(f"{self.label}: closing")
+            self.pool.collect()
+            for p in self.pool.procs:
                 if p.exitcode != 0:
-                    raise _PhaseFailed(f"{self.label}: worker exited with {p.exitcode}")
+                    raise BenchmarkFailed(f"{self.label}: worker exited with {p.exitcode}")
             return out
         finally:
-            self._watch_stop.set()
-            if watcher.is_alive():
-                watcher.join(2)
-            self._cleanup()
+            if self.pool is not None:
+                self.pool.close()
+            if self.owner is not None:
+                kit.stop_owner(self.owner)
 
-    def _window(self, window: str) -> dict[str, Any]:
+    def _sample(self) -> dict[str, dict[str, float]]:
+        """CPU so far and memory of every worker and the owner, by process."""
         import psutil
 
-        plan = self.plan
-        procs = self._processes()
-        owner_proc = procs[-1][1] if self.owner is not None else None
+        assert self.pool is not None
+        procs = [(f"worker{k}", p.pid) for k, p in enumerate(self.pool.procs)]
+        procs += [("owner", self.owner.pid)] if self.owner is not None else []
+        out: dict[str, dict[str, float]] = {"pss": {}, "uss": {}, "rss": {}, "cpu": {}}
+        for name, pid in procs:
+            try:
+                out["cpu"][name] = _process_cpu_s(pid)
+                info = psutil.Process(pid).memory_full_info()
+            except psutil.Error as exc:
+                self.pool.abort()
+                raise BenchmarkFailed(f"{self.label}: cannot sample {name}: {exc}") from None
+            out["pss"][name], out["uss"][name], out["rss"][name] = info.pss, info.uss, info.rss
+        return out
+
+    def _window(self, window: str) -> dict[str, Any]:
+        plan, pool = self.plan, self.pool
+        assert pool is not None
+        owner_pid = self.owner.pid if self.owner is not None else None
         if window == "hot":
-            self.status.set(f"{self.label}: hot window, workers checking that every hot read hits")
+            self.status(f"{self.label}: hot window, workers checking that every hot read hits")
         else:
-            self.status.set(f"{self.label}: cold window, workers at the start barrier")
-        self._meet(f"{window} start")
-        owner0 = _process_cpu_s(owner_proc.pid) if owner_proc is not None else None
+            self.status(f"{self.label}: cold window, workers at the start barrier")
+        pool.meet(f"{self.label}: {window} start")
+        owner0 = _process_cpu_s(owner_pid) if owner_pid is not None else 0.0
         t0 = time.perf_counter()
-        self.status.set(f"{self.label}: {window} window, measuring {plan.workers} x {plan.reads:,} reads")
-        self._meet(f"{window} end")
+        self.status(f"{self.label}: {window} window, measuring {plan.workers} x {plan.reads:,} reads")
+        pool.meet(f"{self.label}: {window} end")
         wall = time.perf_counter() - t0
-        owner1 = _process_cpu_s(owner_proc.pid) if owner_proc is not None else None
+        owner_cpu = _process_cpu_s(owner_pid) - owner0 if owner_pid is not None else 0.0
         # The workers wait at the release barrier: every manager, client and
         # mapping is attached while memory is sampled.
-        pss: dict[str, int] = {}
-        uss: dict[str, int] = {}
-        rss: dict[str, int] = {}
-        cumulative: dict[str, float] = {}
-        for name, proc in procs:
-            try:
-                cumulative[name] = _process_cpu_s(proc.pid)
-                info = proc.memory_full_info()
-            except psutil.Error as exc:
-                with contextlib.suppress(Exception):
-                    self.barrier.abort()
-                raise _PhaseFailed(f"{self.label}: cannot sample {name}: {exc}") from None
-            pss[name], uss[name], rss[name] = info.pss, info.uss, info.rss
+        sampled = self._sample()
         owner_snapshot = self.owner.snapshot() if self.owner is not None else None
-        self._meet(f"{window} release")
-        per_worker: list[dict[str, Any] | None] = [None] * plan.workers
-        while any(w is None for w in per_worker):
-            try:
-                kind, index, got_window, payload = self.results.get(timeout=self.timeout)
-            except queue_mod.Empty:
-                raise _PhaseFailed(f"{self.label}: no {window} results:\n{self._errors()}") from None
-            if kind == "error":
-                raise _PhaseFailed(f"{self.label}: worker {index} failed:\n{payload}")
-            if kind == "done":  # a worker that already reported its last window
-                self.done += 1
-                continue
-            if kind != "window" or got_window != window or per_worker[index] is not None:
-                raise _PhaseFailed(f"{self.label}: unexpected message {kind} {got_window} from worker {index}")
-            per_worker[index] = payload
-        workers = [w for w in per_worker if w is not None]
-        samples = [s for w in workers for s in w["samples_ns"]]
-        owner_cpu = owner1 - owner0 if owner0 is not None and owner1 is not None else 0.0
-        workers_cpu = sum(w["cpu_s"] for w in workers)
-        verify_cpu = sum(w["verify_cpu_s"] for w in workers)
-        stat: dict[str, Any] = {
-            "repetition": self.rep,
-            "path": self.path,
-            "mode": self.mode,
-            "window": window,
-            "latency": summarize(samples),
-            "reads": len(samples),
-            "hits": sum(w["hits"] for w in workers),
-            "misses": sum(w["misses"] for w in workers),
-            "bypasses": sum(w["bypasses"] for w in workers),
-            "mismatches": sum(w["mismatches"] for w in workers),
-            "warm_passes_max": max(w["warm_passes"] for w in workers),
-            "misses_before_window": sum(w.get("misses_before", 0) for w in workers),
-            "wall_s": wall,
-            "cpu_window_s": workers_cpu + owner_cpu,
-            "cpu_window_workers_s": workers_cpu,
-            "cpu_window_owner_s": owner_cpu,
-            "verify_cpu_s": verify_cpu,
-            "cpu_reads_s": workers_cpu + owner_cpu - verify_cpu,
-            "cpu_total_s": sum(cumulative.values()),
-            "cpu_total_owner_s": cumulative.get("owner", 0.0),
-            "pss_mib": sum(pss.values()) / MiB,
-            "pss_workers_mib": sum(v for k, v in pss.items() if k != "owner") / MiB,
-            "pss_owner_mib": pss.get("owner", 0) / MiB,
-            "uss_mib": sum(uss.values()) / MiB,
-            "rss_mib": sum(rss.values()) / MiB,
-            "streams": (
-                owner_snapshot["active_streams"]
-                if owner_snapshot is not None
-                else sum(w["streams"] for w in workers)
-            ),
-        }
-        reasons: dict[str, int] = {}
-        for w in workers:
-            for k, v in w.get("bypass_reasons", {}).items():
-                reasons[k] = reasons.get(k, 0) + v
-        if reasons:
-            stat["bypass_reasons"] = reasons
-        if owner_snapshot is not None:
-            stat["owner"] = {
-                k: owner_snapshot[k]
-                for k in (
-                    "entries",
-                    "used_bytes",
-                    "evictions",
-                    "admissions_accepted",
-                    "admissions_rejected",
-                    "admissions_dropped",
-                    "attached_workers",
-                    "owner_uptime_s",
-                )
-                if k in owner_snapshot
-            }
-        stat["_samples_ns"] = samples  # for the figure; not written to the report
-        return stat
+        pool.meet(f"{self.label}: {window} release")
+        stat = _window_stat(pool.collect("window"), sampled, owner_cpu, owner_snapshot)
+        return {"repetition": self.rep, "path": self.path, "mode": self.mode, "window": window, "wall_s": wall, **stat}
 
-    def _cleanup(self) -> None:
-        for p in self.procs:
-            p.join(0 if p.exitcode is not None else 5)
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-        for p in self.procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        if self.owner is not None:
-            with contextlib.suppress(Exception):
-                self.owner.stop()
-            # The owner leaves its (empty) lock file behind; the name is this
-            # run's own, so nobody else can be using it.
-            with contextlib.suppress(Exception):
-                from client_query_cache._core.shared import paths_for
 
-                if not self._owner_alive():
-                    paths_for(self.owner.name)["lock"].unlink()
-        if self.results is not None:
-            self.results.close()
-            self.results.join_thread()
+#: The owner's counters a window reports.
+OWNER_KEYS = (
+    "entries", "used_bytes", "evictions", "admissions_accepted", "admissions_rejected", "admissions_dropped",
+    "attached_workers", "owner_uptime_s",
+)  # fmt: skip
+
+
+def _window_stat(
+    workers: list[dict[str, Any]], sampled: dict[str, dict[str, float]], owner_cpu: float, owner_snapshot: Any
+) -> dict[str, Any]:
+    """A window's figures from the workers' results and the parent's samples."""
+    samples = [s for w in workers for s in w["samples_ns"]]
+    workers_cpu = sum(w["cpu_s"] for w in workers)
+    verify_cpu = sum(w["verify_cpu_s"] for w in workers)
+    pss, cumulative = sampled["pss"], sampled["cpu"]
+    stat: dict[str, Any] = {
+        "latency": summarize(samples),
+        "reads": len(samples),
+        **{key: sum(w[key] for w in workers) for key in ("hits", "misses", "bypasses", "mismatches")},
+        "warm_passes_max": max(w["warm_passes"] for w in workers),
+        "misses_before_window": sum(w.get("misses_before", 0) for w in workers),
+        "cpu_window_s": workers_cpu + owner_cpu,
+        "cpu_window_workers_s": workers_cpu,
+        "cpu_window_owner_s": owner_cpu,
+        "verify_cpu_s": verify_cpu,
+        "cpu_reads_s": workers_cpu + owner_cpu - verify_cpu,
+        "cpu_total_s": sum(cumulative.values()),
+        "cpu_total_owner_s": cumulative.get("owner", 0.0),
+        "pss_mib": sum(pss.values()) / MiB,
+        "pss_workers_mib": sum(v for k, v in pss.items() if k != "owner") / MiB,
+        "pss_owner_mib": pss.get("owner", 0) / MiB,
+        "uss_mib": sum(sampled["uss"].values()) / MiB,
+        "rss_mib": sum(sampled["rss"].values()) / MiB,
+        "streams": (
+            owner_snapshot["active_streams"] if owner_snapshot is not None else sum(w["streams"] for w in workers)
+        ),
+    }
+    reasons: dict[str, int] = {}
+    for w in workers:
+        for k, v in w.get("bypass_reasons", {}).items():
+            reasons[k] = reasons.get(k, 0) + v
+    if reasons:
+        stat["bypass_reasons"] = reasons
+    if owner_snapshot is not None:
+        stat["owner"] = {k: owner_snapshot[k] for k in OWNER_KEYS if k in owner_snapshot}
+    stat["_samples_ns"] = samples  # for the figure; not written to the report
+    return stat
 
 
 # -- statistics -----------------------------------------------------------------
@@ -1056,23 +688,6 @@ def _plot(path: str, windows: list[dict[str, Any]], report: dict[str, Any]) -> N
     plt.close(fig)
 
 
-def _checkout() -> str | None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        root = Path(__file__).resolve().parent.parent
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if rev.returncode == 0:
-            return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    return None
-
-
 METHOD = {
     "paths": "direct: Collection.with_options(read_concern=ReadConcern('majority')).find_one at the primary; "
     "independent: a process-local CacheManager/AsyncCacheManager per worker (default 64 MiB budget); "
@@ -1119,53 +734,66 @@ METHOD = {
 }
 
 
-def _run(args: argparse.Namespace, uri: str, status: _Progress) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+@dataclasses.dataclass
+class _Run:
+    """What every phase of a run shares."""
+
+    uri: str
+    db: str
+    plan: _Plan
+    timeout: float
+    status: Status
+    hot_digests: list[bytes] = dataclasses.field(default_factory=list)
+    cold_digests: dict[int, bytes] = dataclasses.field(default_factory=dict)
+
+
+def _phases(run: _Run) -> list[dict[str, Any]]:
+    """Every phase's two windows (a wrong document fails the run)."""
+    windows: list[dict[str, Any]] = []
+    plan = run.plan
+    for n, (rep, path, mode) in enumerate(plan.phases, 1):
+        label = f"repetition {rep + 1}/{plan.repetitions}, phase {n}/{len(plan.phases)} {path} {mode}"
+        started = time.perf_counter()
+        out = _Phase(run, rep, path, mode, label).run()
+        for window in WINDOWS:
+            stat = out[window]
+            stat["phase"] = n
+            if stat["mismatches"]:
+                raise RuntimeError(f"{label} {window}: {stat['mismatches']} reads returned a wrong document")
+            windows.append(stat)
+        # Verification CPU of the measured windows so far, out of the totals.
+        verify_so_far = 0.0
+        for window in WINDOWS:
+            verify_so_far += out[window]["verify_cpu_s"]
+            out[window]["cpu_total_net_s"] = out[window]["cpu_total_s"] - verify_so_far
+        h, c = out["hot"], out["cold"]
+        run.status(
+            f"{label}: hot p50 {h['latency']['p50_us']:.1f} us ({h['hits']}/{h['reads']} hits), "
+            f"cold p50 {c['latency']['p50_us']:.1f} us ({c['hits']} hits), {time.perf_counter() - started:.1f}s"
+        )
+    return windows
+
+
+def _run(args: argparse.Namespace, uri: str, status: Status) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     plan = _Plan(args)
     rng = random.Random(args.seed)
     db_name = f"cqc_bench_public_{int(time.time())}_{rng.randint(0, 10**6)}"
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
-    windows: list[dict[str, Any]] = []
     try:
         coll = client[db_name][COLLECTION]
         setup_started = time.perf_counter()
-        hot_digests, cold_digests, sizes = _insert_documents(coll, plan, args.seed, status)
+        run = _Run(uri, db_name, plan, args.timeout, status)
+        run.hot_digests, run.cold_digests, sizes = _insert_documents(coll, plan, args.seed, status)
         setup_s = time.perf_counter() - setup_started
-        status.note(
-            f"setup: {plan.hot:,} hot + {plan.cold_total:,} cold documents inserted in {setup_s:.1f}s"
-        )
-        ctx = multiprocessing.get_context("spawn")
-        for n, (rep, path, mode) in enumerate(plan.phases, 1):
-            label = f"repetition {rep + 1}/{plan.repetitions}, phase {n}/{len(plan.phases)} {path} {mode}"
-            started = time.perf_counter()
-            phase = _Phase(
-                ctx, uri, db_name, plan, rep, path, mode, hot_digests, cold_digests, args.timeout, status, label
-            )
-            out = phase.run()
-            for order, window in enumerate(WINDOWS):
-                stat = out[window]
-                stat["phase"] = n
-                if stat["mismatches"]:
-                    raise RuntimeError(f"{label} {window}: {stat['mismatches']} reads returned a wrong document")
-                windows.append(stat)
-            # Verification CPU of the measured windows so far, out of the totals.
-            verify_so_far = 0.0
-            for window in WINDOWS:
-                verify_so_far += out[window]["verify_cpu_s"]
-                out[window]["cpu_total_net_s"] = out[window]["cpu_total_s"] - verify_so_far
-            h, c = out["hot"], out["cold"]
-            status.note(
-                f"{label}: hot p50 {h['latency']['p50_us']:.1f} us ({h['hits']}/{h['reads']} hits), "
-                f"cold p50 {c['latency']['p50_us']:.1f} us ({c['hits']} hits), "
-                f"{time.perf_counter() - started:.1f}s"
-            )
+        status(f"setup: {plan.hot:,} hot + {plan.cold_total:,} cold documents inserted in {setup_s:.1f}s")
+        windows = _phases(run)
     finally:
-        status.set("dropping the benchmark database")
+        status("dropping the benchmark database")
         with contextlib.suppress(Exception):
             client.drop_database(db_name)
         client.close()
 
     from client_query_cache import __version__ as cqc_version
-    from client_query_cache.testing import external_uri
 
     medians = _medians(windows)
     report: dict[str, Any] = {
@@ -1173,27 +801,14 @@ def _run(args: argparse.Namespace, uri: str, status: _Progress) -> tuple[dict[st
         "mode": "quick" if args.quick else "full",
         "method": METHOD,
         "config": {
-            "workers": plan.workers,
-            "repetitions": plan.repetitions,
-            "reads": plan.reads,
-            "hot": plan.hot,
-            "cold_identities": plan.cold_total,
-            "seed": args.seed,
+            "workers": plan.workers, "repetitions": plan.repetitions, "reads": plan.reads, "hot": plan.hot,
+            "cold_identities": plan.cold_total, "seed": args.seed,
             "phases": [{"repetition": r, "path": p, "mode": m} for r, p, m in plan.phases],
-            "owner": {
-                "arena_bytes": OWNER_ARENA_BYTES,
-                "budget_bytes": OWNER_BUDGET_BYTES,
-                "slots": OWNER_SLOTS,
-            },
-            "independent_budget_bytes": 64 * MiB,
-            "read_concern_direct": "majority",
-            "external_deployment": external_uri() is not None,
-            "setup_seconds": setup_s,
-            "client_query_cache": cqc_version,
-            "checkout": _checkout(),
-            **sizes,
-        },
-        "machine": {**machine_facts(), "loadavg_at_start": list(os.getloadavg())},
+            "owner": dict(kit.OWNER_GEOMETRY), "independent_budget_bytes": 64 * MiB,
+            "read_concern_direct": "majority", "external_deployment": kit.external(), "setup_seconds": setup_s,
+            "client_query_cache": cqc_version, "checkout": kit.checkout(), **sizes,
+        },  # fmt: skip
+        "machine": {**kit.machine_facts(), "loadavg_at_start": list(os.getloadavg())},
         "windows": [{k: v for k, v in w.items() if not k.startswith("_")} for w in windows],
         "medians": medians,
         "summary": _summary(medians),
@@ -1202,24 +817,16 @@ def _run(args: argparse.Namespace, uri: str, status: _Progress) -> tuple[dict[st
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.public_shared_cache",
-        description=(__doc__ or "").split("\n")[0],
-    )
-    parser.add_argument("--quick", action="store_true", help="1 repetition, 256 hot identities, 200 reads per window")
-    parser.add_argument("--output", metavar="FILE", help="write the JSON report here")
-    parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    parser.add_argument("--repetitions", type=int, default=None, help="default 3 (quick: 1)")
-    parser.add_argument(
-        "--reads", type=int, default=None, help="measured reads per worker per window (default 2000, quick 200)"
-    )
-    parser.add_argument("--hot", type=int, default=None, help="hot identities (default 4096, quick 256)")
-    parser.add_argument("--seed", type=int, default=20261015)
-    parser.add_argument("--png", metavar="PATH", help="latency figure (default: next to --output, .png)")
-    parser.add_argument("--no-png", action="store_true", help="write no figure")
-    parser.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds any one wait may take before the run fails (default 900)"
-    )
+    parser = kit.parser("public_shared_cache", __doc__, json_flag="--output", seed=20261015)
+    add = parser.add_argument
+    add("--quick", action="store_true", help="1 repetition, 256 hot identities, 200 reads per window")
+    add("--workers", type=int, default=4, help="worker processes (default 4)")
+    add("--repetitions", type=int, default=None, help="default 3 (quick: 1)")
+    add("--reads", type=int, default=None, help="measured reads per worker per window (default 2000, quick 200)")
+    add("--hot", type=int, default=None, help="hot identities (default 4096, quick 256)")
+    add("--png", metavar="PATH", help="latency figure (default: next to --output, .png)")
+    add("--no-png", action="store_true", help="write no figure")
+    add("--timeout", type=float, default=900.0, help="seconds any one wait may take before the run fails (default 900)")
     args = parser.parse_args(argv)
     if args.repetitions is None:
         args.repetitions = 1 if args.quick else 3
@@ -1227,9 +834,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.reads = 200 if args.quick else 2000
     if args.hot is None:
         args.hot = 256 if args.quick else 4096
-    for name in ("workers", "repetitions", "reads", "hot"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    kit.at_least_one(parser, args, ("workers", "repetitions", "reads", "hot"))
     if args.hot >= COLD_ID_BASE:
         parser.error(f"--hot must be below {COLD_ID_BASE}")
     if args.png and args.no_png:
@@ -1253,36 +858,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             print(f"error: {hint}", file=sys.stderr)
             return 2
-
-    from client_query_cache.testing import disposable_uri
-
     started = time.perf_counter()
-    status = _Progress()
-    try:
-        status.set("starting the server (or using MONGODB_URI)")
-        with disposable_uri() as uri:
-            report, windows = _run(args, uri, status)
-            status.set("stopping the server")
-    except _PhaseFailed as exc:
-        status.close()
-        print(f"error: {exc}", file=sys.stderr)
+    status = Status()
+    got = kit.with_server(lambda uri: _run(args, uri, status), status)
+    if got is None:
         return 1
-    finally:
-        status.close()
+    report, windows = got
     report["elapsed_seconds"] = time.perf_counter() - started
     problems = _checks(windows, args.workers)
-    report["checks"] = {"passed": not problems, "problems": problems}
-    _print_table(report)
-    if args.output:
-        write_json(args.output, report)
-        print(f"wrote {args.output}")
+    headline = "CHECKS FAILED (the figures above are not what this benchmark means to measure):"
+    code = kit.conclude(report, problems, _print_table, args.output, headline=headline)
     if args.png:
         _plot(args.png, windows, report)
         print(f"wrote {args.png}")
     print(f"elapsed {report['elapsed_seconds']:.0f}s")
-    return exit_code(
-        problems, "CHECKS FAILED (the figures above are not what this benchmark means to measure):"
-    )
+    return code
 
 
 if __name__ == "__main__":

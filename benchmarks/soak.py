@@ -1,57 +1,7 @@
 """Soak: many workers on one shared cache for minutes; memory stays flat and
 no read is stale.
 
-One owner (``SharedCache.start``, a modest arena: 4 MiB budget, 4,096 slots
-by default) and eight spawned worker processes (``CacheManager(client,
-shared=name)``) run a mixed load for ``--minutes`` against one collection of
-``--documents`` documents (``benchmarks.coherence.document``: ``_id``, a
-unique ``key``, a ``group``, a ``version``, a ``stamp`` and a pad), more than
-the budget can hold, so the arena evicts all the time. Each operation picks a
-document from a Zipf-like distribution (exponent 0.99, one rank order shared
-by every worker) and is, with the ``--write-share`` (10%) a write, otherwise
-a read of one of these kinds:
-
-  id         ``find_one({"_id": k})``                    (identity entry,
-                                                           "not found" too)
-  key        ``find_one({"key": "k<k>"})``               (unique-index alias)
-  find       ``find({"group": g})``                      (query entry)
-  aggregate  ``aggregate([$match group, $sort _id, $project version])``
-  count      ``count_documents({"group": g})``
-
-with ``g`` the document's group. Worker ``i`` writes only the documents
-``k % workers == i``, so each document's ``version`` only grows: a present
-document is updated (``$set`` version and stamp, 80%) or deleted (20%), an
-absent one is inserted again at a new version. Every write is recorded with
-its ``operationTime``.
-
-Every read is checked with the oracle of ``benchmarks.coherence`` (``Oracle``,
-``check_reads``): right before a read the worker takes the database's applied
-cluster time ``A`` (``StreamSnapshot.applied_time``); each document the read
-returns must carry at least the newest version written at or before ``A``.
-Documents a read says are absent (``None`` by ``_id`` or key, a member
-missing from a group's ``find`` or ``aggregate``) are checked as the newest
-deletion of that document sent before the read ended (never a false alarm;
-an older deletion hidden by a later one goes unnoticed). A count must equal
-the group's size at some cluster time from ``A`` up to the first write sent
-after the read ended. Rows go to a file per worker (so the harness's own
-records do not grow any process's memory) and are checked after the run.
-
-Every ``--sample-seconds`` the parent samples the RSS (psutil) of every
-worker, the owner and itself, the owner's ``SharedCache.snapshot()`` and each
-worker's counters. The first ``--warmup-share`` of the run (at most a minute)
-is warm-up; over the rest, per process: RSS at its first and last sample and
-the least-squares slope in MiB per minute, **flat** if the slope is at most
-``--max-slope`` MiB/min (measured periods under two minutes get no verdict:
-``too_short``). Also the arena's used bytes and entries against the budget
-and slots, evictions, admissions, rejections, dropped ring records, stream
-states, operations per minute, stale reads and errors.
-
-    python -m benchmarks.soak --minutes 5 --json out.json
-    python -m benchmarks.soak --minutes 0.3 --workers 2   # smoke run
-
-Exit status 1 if a check fails: a stale, impossible or wrong read, an error,
-the arena over its budget or slots, no eviction, a stream not healthy at the
-end, a process whose RSS is not flat. JSON schema ``cqc.soak/1``.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.soak`.
 """
 
 from __future__ import annotations
@@ -61,7 +11,6 @@ import array
 import bisect
 import contextlib
 import itertools
-import multiprocessing
 import os
 import random
 import secrets
@@ -78,12 +27,12 @@ import psutil
 import pymongo
 from pymongo.errors import PyMongoError
 
-from ._common import conclude, machine_facts
+from . import _kit as kit
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, MiB, Shared, Status
 from .coherence import Oracle, Write, applied_time, check_document, check_reads, document
-from .workloads import ZIPF_S, BenchmarkFailed, Status, _stop_owner, _Workers
+from .workloads import ZIPF_S
 
 SCHEMA = "cqc.soak/1"
-MiB = 1024 * 1024
 
 #: Read kinds, in the order of ``--mix``'s default weights.
 READ_KINDS = ("id", "key", "find", "aggregate", "count")
@@ -116,7 +65,6 @@ SNAPSHOT_EVERY = 64
 MIN_VERDICT_MINUTES = 2.0
 MIN_VERDICT_SAMPLES = 10
 WARMUP_CAP_S = 60.0
-MAX_EXAMPLES = 5
 
 DEFAULTS = {
     "workers": 8,
@@ -131,9 +79,7 @@ DEFAULTS = {
 }
 
 
-# ============================================================================
-# Slopes and verdicts
-# ============================================================================
+# -- Slopes and verdicts ---------------------------------------------------------
 
 
 def slope_per_minute(times_s: Sequence[float], values: Sequence[float]) -> float:
@@ -200,9 +146,7 @@ def warmup_seconds(duration_s: float, share: float) -> float:
     return min(WARMUP_CAP_S, duration_s * share)
 
 
-# ============================================================================
-# Workers
-# ============================================================================
+# -- Workers ---------------------------------------------------------------------
 
 
 def zipf_table(n: int, seed: str, s: float = ZIPF_S) -> tuple[list[float], list[int]]:
@@ -233,158 +177,148 @@ class _Files:
         self.writes.close()
 
 
-def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> dict[str, Any]:
-    from client_query_cache import CacheManager
+class _Worker:
+    """One spawned worker of the soak: its documents, its Zipf picks, its
+    reads and writes (rows to ``_Files``) and its counters."""
 
-    index, workers, n = spec["index"], spec["workers"], spec["documents"]
-    groups, pad = spec["groups"], spec["pad_bytes"]
-    base = index * len(STATS)
-    timeout = spec["timeout"]
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
-    manager: Any = None
-    files = _Files(spec["dir"], index)
-    examples: list[str] = []
-    wrong = 0
-    counts = dict.fromkeys(READ_KINDS, 0)
-    op_counts = dict.fromkeys(OP_NAMES, 0)
-    try:
-        manager = CacheManager(client, shared=spec["shared_name"])
-        coll = manager[spec["db"]][spec["coll"]]
-        raw = coll.raw
-        coll.find_one({"_id": 0})
-        if not manager.wait_ready(timeout, database=spec["db"]):
-            raise BenchmarkFailed("the change stream did not become ready")
-        db = spec["db"]
+    def __init__(self, spec: dict[str, Any], manager: Any, files: _Files) -> None:
+        self.spec, self.manager, self.files = spec, manager, files
+        self.index, self.workers, self.n = spec["index"], spec["workers"], spec["documents"]
+        self.groups, self.pad, self.db = spec["groups"], spec["pad_bytes"], spec["db"]
+        self.coll = manager[spec["db"]][spec["coll"]]
+        self.cum, self.by_rank = zipf_table(self.n, spec["zipf_seed"])
+        self.members = [list(range(g, self.n, self.groups)) for g in range(self.groups)]
+        mine = [k for k in range(self.n) if k % self.workers == self.index]
+        self.versions, self.present = dict.fromkeys(mine, 0), dict.fromkeys(mine, True)
+        self.rng = random.Random(spec["seed"])
+        self.mix_cum = list(itertools.accumulate(spec["mix"]))
+        self.session: Any = None
+        self.examples: list[str] = []
+        self.wrong = 0
+        self.counts = dict.fromkeys(READ_KINDS, 0)
+        self.op_counts = dict.fromkeys(OP_NAMES, 0)
 
-        def applied() -> int:
-            # Through the manager each time: after a re-attach (an owner
-            # heartbeat late by 500 ms is enough) a native cache held here
-            # would keep the old arena and ring mapped for the rest of the run.
-            return applied_time(manager, db)
+    def applied(self) -> int:
+        # Through the manager each time: after a re-attach (an owner
+        # heartbeat late by 500 ms is enough) a native cache held here
+        # would keep the old arena and ring mapped for the rest of the run.
+        return applied_time(self.manager, self.db)
 
-        cum, by_rank = zipf_table(n, spec["zipf_seed"])
-        total = cum[-1]
-        members = [list(range(g, n, groups)) for g in range(groups)]
-        mine = [k for k in range(n) if k % workers == index]
-        versions = dict.fromkeys(mine, 0)
-        present = dict.fromkeys(mine, True)
-        rng = random.Random(spec["seed"])
-        mix_cum = list(itertools.accumulate(spec["mix"]))
-        write_share = spec["write_share"]
-        clock = time.monotonic_ns
-        session = client.start_session(causal_consistency=False)
+    def bad(self, why: str) -> None:
+        self.wrong += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"worker {self.index}: {why}")
 
-        def bad(why: str) -> None:
-            nonlocal wrong
-            wrong += 1
-            if len(examples) < MAX_EXAMPLES:
-                examples.append(f"worker {index}: {why}")
+    def pick(self) -> int:
+        return self.by_rank[min(bisect.bisect_left(self.cum, self.rng.random() * self.cum[-1]), self.n - 1)]
 
-        def pick() -> int:
-            return by_rank[min(bisect.bisect_left(cum, rng.random() * total), n - 1)]
+    def write(self) -> None:
+        k, workers, raw, session = self.pick(), self.workers, self.coll.raw, self.session
+        k = k - k % workers + self.index
+        if k >= self.n:
+            k -= workers
+        v = self.versions[k] + 1
+        if self.present[k]:
+            op = OP_UPDATE if self.rng.random() < UPDATE_SHARE else OP_DELETE
+        else:
+            op = OP_INSERT
+        sent = time.monotonic_ns()
+        if op == OP_UPDATE:
+            raw.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
+        elif op == OP_DELETE:
+            raw.delete_one({"_id": k}, session=session)
+        else:
+            raw.insert_one(document(k, v, self.groups, self.pad), session=session)
+        ack = time.monotonic_ns()
+        ot = session.operation_time
+        if ot is None:
+            raise BenchmarkFailed("the server returned no operationTime for a write")
+        self.versions[k] = v
+        self.present[k] = op != OP_DELETE
+        self.op_counts[OP_NAMES[op]] += 1
+        self.files.writes.write(WROW.pack(op, k, v, (ot.time << 32) | ot.inc, sent, ack))
 
-        def write() -> None:
-            k = pick()
-            k = k - k % workers + index
-            if k >= n:
-                k -= workers
-            v = versions[k] + 1
-            if present[k]:
-                op = OP_UPDATE if rng.random() < UPDATE_SHARE else OP_DELETE
+    def _member(self, doc: Any, full: bool) -> tuple[int, int] | str:
+        if full:
+            return check_document(doc, self.groups, self.pad)
+        if isinstance(doc, dict) and set(doc) == {"_id", "version"}:
+            if type(doc["_id"]) is not int or type(doc["version"]) is not int:
+                return f"bad _id/version: {doc!r:.120}"
+            return doc["_id"], doc["version"]
+        return f"aggregate returned {doc!r:.120}"
+
+    def group_rows(self, kind: int, g: int, got: list[Any], a: int, end: int, full: bool) -> None:
+        seen: set[int] = set()
+        for doc in got:
+            checked = self._member(doc, full)
+            if isinstance(checked, str):
+                self.bad(checked)
+                continue
+            k, v = checked
+            if k % self.groups != g or k in seen:
+                self.bad(f"{READ_KINDS[kind]} of group {g} returned document {k} (again or not a member)")
+                continue
+            seen.add(k)
+            self.files.row(kind, k, v, a, end)
+        if kind == 3 and [d.get("_id") for d in got if isinstance(d, dict)] != sorted(seen):
+            self.bad(f"aggregate of group {g} is not sorted by _id")
+        for k in self.members[g]:
+            if k not in seen:
+                self.files.row(kind, k, ABSENT, a, end)
+
+    def _query(self, kind: int, k: int, g: int) -> Any:
+        coll = self.coll
+        if kind == 0:
+            return coll.find_one({"_id": k})
+        if kind == 1:
+            return coll.find_one({"key": f"k{k}"})
+        if kind == 2:
+            return list(coll.find({"group": g}))
+        if kind == 3:
+            pipeline = [{"$match": {"group": g}}, {"$sort": {"_id": 1}}, {"$project": {"_id": 1, "version": 1}}]
+            return list(coll.aggregate(pipeline))
+        return coll.count_documents({"group": g})
+
+    def read(self) -> None:
+        kind = bisect.bisect_right(self.mix_cum, self.rng.random() * self.mix_cum[-1])
+        kind = min(kind, len(READ_KINDS) - 1)
+        k = self.pick()
+        g = k % self.groups
+        self.counts[READ_KINDS[kind]] += 1
+        a = self.applied()
+        got = self._query(kind, k, g)
+        end = time.monotonic_ns()
+        if kind < 2:
+            if got is None:
+                self.files.row(kind, k, ABSENT, a, end)
+                return
+            checked = check_document(got, self.groups, self.pad)
+            if isinstance(checked, str):
+                self.bad(checked)
+            elif checked[0] != k:
+                self.bad(f"{READ_KINDS[kind]} read of document {k} returned document {checked[0]}")
             else:
-                op = OP_INSERT
-            sent = clock()
-            if op == OP_UPDATE:
-                raw.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
-            elif op == OP_DELETE:
-                raw.delete_one({"_id": k}, session=session)
-            else:
-                raw.insert_one(document(k, v, groups, pad), session=session)
-            ack = clock()
-            ot = session.operation_time
-            if ot is None:
-                raise BenchmarkFailed("the server returned no operationTime for a write")
-            versions[k] = v
-            present[k] = op != OP_DELETE
-            op_counts[OP_NAMES[op]] += 1
-            files.writes.write(WROW.pack(op, k, v, (ot.time << 32) | ot.inc, sent, ack))
+                self.files.row(kind, k, checked[1], a, end)
+        elif kind < COUNT_KIND:
+            self.group_rows(kind, g, got, a, end, full=kind == 2)
+        elif type(got) is not int:
+            self.bad(f"count of group {g} returned {got!r:.80}")
+        else:
+            self.files.row(kind, g, got, a, end)
 
-        def group_rows(kind: int, g: int, got: list[Any], a: int, end: int, full: bool) -> None:
-            seen: set[int] = set()
-            for doc in got:
-                if full:
-                    checked = check_document(doc, groups, pad)
-                elif isinstance(doc, dict) and set(doc) == {"_id", "version"}:
-                    checked = (doc["_id"], doc["version"])
-                    if type(checked[0]) is not int or type(checked[1]) is not int:
-                        checked = f"bad _id/version: {doc!r:.120}"
-                else:
-                    checked = f"aggregate returned {doc!r:.120}"
-                if isinstance(checked, str):
-                    bad(checked)
-                    continue
-                k, v = checked
-                if k % groups != g or k in seen:
-                    bad(f"{READ_KINDS[kind]} of group {g} returned document {k} (again or not a member)")
-                    continue
-                seen.add(k)
-                files.row(kind, k, v, a, end)
-            if kind == 3 and [d.get("_id") for d in got if isinstance(d, dict)] != sorted(seen):
-                bad(f"aggregate of group {g} is not sorted by _id")
-            for k in members[g]:
-                if k not in seen:
-                    files.row(kind, k, ABSENT, a, end)
-
-        def read() -> None:
-            kind = bisect.bisect_right(mix_cum, rng.random() * mix_cum[-1])
-            kind = min(kind, len(READ_KINDS) - 1)
-            k = pick()
-            g = k % groups
-            counts[READ_KINDS[kind]] += 1
-            a = applied()
-            if kind == 0:
-                got: Any = coll.find_one({"_id": k})
-            elif kind == 1:
-                got = coll.find_one({"key": f"k{k}"})
-            elif kind == 2:
-                got = list(coll.find({"group": g}))
-            elif kind == 3:
-                got = list(
-                    coll.aggregate(
-                        [{"$match": {"group": g}}, {"$sort": {"_id": 1}}, {"$project": {"_id": 1, "version": 1}}]
-                    )
-                )
-            else:
-                got = coll.count_documents({"group": g})
-            end = clock()
-            if kind < 2:
-                if got is None:
-                    files.row(kind, k, ABSENT, a, end)
-                    return
-                checked = check_document(got, groups, pad)
-                if isinstance(checked, str):
-                    bad(checked)
-                elif checked[0] != k:
-                    bad(f"{READ_KINDS[kind]} read of document {k} returned document {checked[0]}")
-                else:
-                    files.row(kind, k, checked[1], a, end)
-            elif kind < COUNT_KIND:
-                group_rows(kind, g, got, a, end, full=kind == 2)
-            elif type(got) is not int:
-                bad(f"count of group {g} returned {got!r:.80}")
-            else:
-                files.row(kind, g, got, a, end)
-
+    def loop(self, shared: Shared) -> dict[str, Any]:
+        """Operations until the parent's stop; the counters in ``shared.stats``."""
+        stats, base, index = shared.stats, self.index * len(STATS), self.index
+        manager, files, pause = self.manager, self.files, self.spec["pause"]
         before = manager.snapshot()
-        barrier.wait(timeout)
+        shared.barrier.wait(self.spec["timeout"])
         ops = reads = writes = errors = 0
         error_examples: list[str] = []
-        pause = spec["pause"]
-        while not stop.value:
-            is_write = rng.random() < write_share
+        while not shared.stop.value:
+            is_write = self.rng.random() < self.spec["write_share"]
             if is_write:
                 try:
-                    write()
+                    self.write()
                 except PyMongoError as exc:
                     # A failed write may or may not have been applied: the
                     # oracle would no longer know this worker's versions.
@@ -392,54 +326,51 @@ def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> d
                     raise BenchmarkFailed(f"a write failed: {type(exc).__name__}: {exc}") from exc
             else:
                 try:
-                    read()
+                    self.read()
                 except PyMongoError as exc:
                     errors += 1
                     if len(error_examples) < MAX_EXAMPLES:
                         error_examples.append(f"worker {index}: a read failed: {type(exc).__name__}: {exc}")
             ops += 1
-            if is_write:
-                writes += 1
-            else:
-                reads += 1
+            writes += is_write
+            reads += not is_write
             if ops % SNAPSHOT_EVERY == 0:
                 snap = manager.snapshot()
-                values = (
-                    ops,
-                    reads,
-                    writes,
-                    snap.hits - before.hits,
-                    snap.misses - before.misses,
-                    snap.bypass_total - before.bypass_total,
-                    errors,
-                    snap.rejected_admissions.get("ring_full", 0),
+                stats[base : base + len(STATS)] = (
+                    ops, reads, writes, snap.hits - before.hits, snap.misses - before.misses,
+                    snap.bypass_total - before.bypass_total, errors, snap.rejected_admissions.get("ring_full", 0),
                     files.rows,
-                )
-                stats[base : base + len(STATS)] = values
+                )  # fmt: skip
             if pause:
                 time.sleep(pause)
         after = manager.snapshot()
-        session.end_session()
         return {
-            "index": index,
-            "ops": ops,
-            "reads": reads,
-            "writes": writes,
-            "by_kind": counts,
-            "by_op": op_counts,
-            "hits": after.hits - before.hits,
-            "misses": after.misses - before.misses,
-            "bypasses": dict(after.bypasses),
-            "ring_full": after.rejected_admissions.get("ring_full", 0),
-            "oversize": after.rejected_admissions.get("oversize", 0),
-            "wrong": wrong,
-            "examples": examples,
-            "errors": errors,
-            "error_examples": error_examples,
-            "rows": files.rows,
-            "reads_path": files.reads_path,
-            "writes_path": files.writes_path,
-        }
+            "index": index, "ops": ops, "reads": reads, "writes": writes, "by_kind": self.counts,
+            "by_op": self.op_counts, "hits": after.hits - before.hits, "misses": after.misses - before.misses,
+            "bypasses": dict(after.bypasses), "ring_full": after.rejected_admissions.get("ring_full", 0),
+            "oversize": after.rejected_admissions.get("oversize", 0), "wrong": self.wrong,
+            "examples": self.examples, "errors": errors, "error_examples": error_examples, "rows": files.rows,
+            "reads_path": files.reads_path, "writes_path": files.writes_path,
+        }  # fmt: skip
+
+
+def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
+    """A spawned worker (``kit.Pool``'s protocol; the counters are ``shared.stats``)."""
+    from client_query_cache import CacheManager
+
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
+    manager: Any = None
+    files = _Files(spec["dir"], spec["index"])
+    try:
+        manager = CacheManager(client, shared=spec["shared_name"])
+        worker = _Worker(spec, manager, files)
+        worker.coll.find_one({"_id": 0})
+        if not manager.wait_ready(spec["timeout"], database=spec["db"]):
+            raise BenchmarkFailed("the change stream did not become ready")
+        worker.session = client.start_session(causal_consistency=False)
+        result = worker.loop(shared)
+        worker.session.end_session()
+        return result
     finally:
         files.close()
         if manager is not None:
@@ -447,16 +378,7 @@ def _soak_worker(spec: dict[str, Any], stats: Any, stop: Any, barrier: Any) -> d
         client.close()
 
 
-def _worker(spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any) -> dict[str, Any]:
-    """A spawned worker (``workloads._Workers``' protocol; the per-worker
-    counters are ``spec["stats"]``)."""
-    del counters, final, pace
-    return _soak_worker(spec, spec["stats"], stop, barrier)
-
-
-# ============================================================================
-# The check after the run
-# ============================================================================
+# -- The check after the run -----------------------------------------------------
 
 
 def _iter_rows(path: str, row: struct.Struct) -> Iterable[tuple[int, ...]]:
@@ -595,9 +517,7 @@ def check_run(results: Sequence[dict[str, Any]], documents: int, groups: int) ->
     }
 
 
-# ============================================================================
-# Sampling
-# ============================================================================
+# -- Sampling --------------------------------------------------------------------
 
 
 def _rss(proc: psutil.Process | None) -> int | None:
@@ -675,9 +595,7 @@ class Sampler:
         self.sample()
 
 
-# ============================================================================
-# The run
-# ============================================================================
+# -- The run ---------------------------------------------------------------------
 
 
 def _insert_documents(coll: Any, documents: int, groups: int, pad: int) -> None:
@@ -691,8 +609,6 @@ def _insert_documents(coll: Any, documents: int, groups: int, pad: int) -> None:
 def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
     """The soak and its report (without ``checks``); every process is ended
     and the database dropped before this returns or raises."""
-    from client_query_cache import SharedCache
-
     db = f"cqc_soak_{secrets.token_hex(6)}"
     coll_name = "docs"
     duration = args.minutes * 60.0
@@ -700,25 +616,18 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="cqc-soak-")
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     owner: Any = None
-    pool: _Workers | None = None
+    pool: kit.Pool | None = None
     sampler: Sampler | None = None
     try:
         status(f"inserting {args.documents} documents")
         _insert_documents(client[db][coll_name], args.documents, args.groups, args.pad_bytes)
         budget = int(args.budget_mib * MiB)
         status(f"starting the owner ({budget / MiB:.1f} MiB budget, {args.slots} slots)")
-        owner = SharedCache.start(
-            f"cqc-soak-{os.getpid()}-{secrets.token_hex(4)}",
-            uri,
-            budget_bytes=budget,
-            slots=args.slots,
-            max_entry_bytes=min(MiB, budget // 4),
-            max_await_time_ms=1000,
-            idle_exit_seconds=60.0,
-        )
-        ctx = multiprocessing.get_context("spawn")
-        stats = ctx.RawArray("q", args.workers * len(STATS))
-        pool = _Workers(ctx, args.workers, 1)
+        owner = kit.start_owner(
+            kit.new_name("cqc-soak"), uri, budget_bytes=budget, slots=args.slots,
+            max_entry_bytes=min(MiB, budget // 4), max_await_time_ms=1000, idle_exit_seconds=60.0,
+        )  # fmt: skip
+        pool = kit.Pool(args.workers, stats=args.workers * len(STATS), timeout=args.timeout)
         status(f"starting {args.workers} workers")
         pool.start(
             [
@@ -738,15 +647,14 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
                     "zipf_seed": f"{args.seed}/ranks",
                     "seed": f"{args.seed}/{n}",
                     "dir": workdir,
-                    "stats": stats,
                     "timeout": args.timeout,
                 }
                 for n in range(args.workers)
             ],
-            work=_worker,
+            _worker,
         )
-        pool.meet(args.timeout, "start (workers attached)")
-        sampler = Sampler(owner, pool.procs, stats, args.workers, interval)
+        pool.meet("start (workers attached)")
+        sampler = Sampler(owner, pool.procs, pool.shared.stats, args.workers, interval)
         sampler.start()
         status(f"running for {args.minutes:g} min, sampling every {interval:g} s")
         deadline = time.monotonic() + duration
@@ -760,10 +668,10 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
                 status(f"{sum(w['ops'] for w in last['workers'])} operations")
                 next_note += 60
         sampler.stop()  # the last sample while every worker is still attached
-        pool.stop.value = 1
+        pool.shared.stop.value = 1
         elapsed = time.monotonic() - sampler.t0
         status("collecting the workers' results")
-        results = pool.collect(args.timeout + 30)
+        results = pool.collect(timeout=args.timeout + 30)
         final_streams = _owner_view(owner.snapshot())["streams"]
         status("checking every read against the oracle")
         checked = check_run(results, args.documents, args.groups)
@@ -773,7 +681,7 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
         if pool is not None:
             pool.close()
         if owner is not None:
-            _stop_owner(owner)
+            kit.stop_owner(owner)
         with contextlib.suppress(Exception):
             client.drop_database(db)
         client.close()
@@ -837,7 +745,7 @@ def build_report(
             }
     return {
         "schema": SCHEMA,
-        "machine": machine_facts(),
+        "machine": kit.machine_facts(),
         "params": params,
         "elapsed_s": elapsed_s,
         "warmup_s": warmup,
@@ -1009,9 +917,8 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     d = DEFAULTS
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=(__doc__ or "").split("\n")[0])
+    parser = kit.parser("soak", __doc__)
     parser.add_argument("--minutes", type=float, required=True, help="length of the run (a fraction is allowed)")
-    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
     parser.add_argument("--workers", type=int, default=d["workers"], help=f"worker processes (default {d['workers']})")
     parser.add_argument("--documents", type=int, default=d["documents"], help=f"documents (default {d['documents']})")
     parser.add_argument("--groups", type=int, default=d["groups"], help=f"groups (default {d['groups']})")
@@ -1027,14 +934,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample-seconds", type=float, help="sampling interval (default: min(5, run / 40), >= 0.5)")
     parser.add_argument("--warmup-share", type=float, default=d["warmup_share"], help="warm-up share (at most 60 s)")
     parser.add_argument("--max-slope", type=float, default=d["max_slope"], help="flat: RSS slope at most this MiB/min")
-    parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one wait may take")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
-    for name in ("workers", "documents", "groups", "slots"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    kit.at_least_one(parser, args, ("workers", "documents", "groups", "slots"))
     if args.groups > args.documents or args.documents < args.workers:
         parser.error("--documents must be at least --groups and --workers")
     if not 0 <= args.write_share < 1:
@@ -1048,17 +952,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    from client_query_cache.testing import disposable_uri
-
     status = Status()
-    try:
-        status("starting the server (or using MONGODB_URI)")
-        with disposable_uri() as uri:
-            report = run(args, uri, status)
-    except BenchmarkFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    report = kit.with_server(lambda uri: run(args, uri, status), status)
+    if report is None:
         return 1
-    return conclude(report, checks(report), print_report, args.json)
+    return kit.conclude(report, checks(report), print_report, args.json)
 
 
 if __name__ == "__main__":

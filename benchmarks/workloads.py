@@ -1,94 +1,6 @@
 """Workload benchmark: read/write mixes x document sizes, and invalidation latency.
 
-Part 1, the mix matrix. For each mix (the share of reads among operations)
-
-  read_heavy      95% reads,  5% writes
-  balanced        50% reads, 50% writes
-  write_dominant  10% reads, 90% writes
-
-and each document size (``benchmarks._common.make_document`` at about
-200 B / 2 KiB / 20 KiB of BSON; for 200 B its bulkiest fields are dropped,
-because its fixed fields alone take about 1.4 KiB), one process runs the same
-seeded operation sequence over three read paths, interleaved operation by
-operation (the order of the three paths rotates from one operation to the
-next):
-
-  direct  PyMongo ``find_one`` at the primary with read concern majority;
-  local   a process-local ``CacheManager`` (32 MiB budget, 16,384 slots);
-  shared  ``CacheManager(client, shared=name)`` attached to an owner started
-          with ``SharedCache.start`` (40 MiB arena, 32 MiB budget, 16,384
-          slots).
-
-Each path has a client and a database of its own (so each cache follows only
-its own path's writes) holding identical copies of the cell's documents. A read
-is ``find_one({"_id": k})``, a write ``update_one({"_id": k}, {"$set":
-{"version": v}})`` through the path's collection (for the cached paths the
-wrapped collection, whose writes are PyMongo's); ``k`` is drawn from a
-Zipf-like distribution (exponent 0.99, YCSB's) over the cell's documents, in a
-seeded random rank order, and ``v`` is unique per operation. Before the timed
-operations the cached paths are warmed until a whole pass over the documents
-hits. Every operation is timed with ``perf_counter_ns``; after its stop
-timestamp each read is verified: its BSON must be the inserted document with
-the ``version`` it carries, and that version must not be newer than the
-path's last acknowledged write to the key (any mismatch fails the run). Then
-the oracle (``benchmarks._oracle``) judges every read of every path: right
-before a cached read the database's applied cluster time is taken, and the
-read must return at least the newest version whose write (its
-``operationTime``, from a command listener on the path's client) is at or
-before it (``stale_reads``); no read may return an older version than an
-earlier read of the same path (``monotonic_violations``) or than the path's
-own acknowledged write, made through the cached view's ``update_one``
-(``read_your_writes_violations``). All three must be 0, and each cached path
-must hit at least ``MIN_HIT_RATIO[mix]`` of its reads. Per cell and path:
-read p50/p95/p99, write p50, hits and misses (from the managers' snapshots),
-the three counts, and the cached/direct ratio of read p50.
-
-Part 2, invalidation latency. Several spawned worker processes (4 by default)
-read a small set of documents (4, about 2 KiB each) in a loop through a shared
-cache (one owner, every worker attached) and, in a second phase, through a
-process-local ``CacheManager`` each. The parent writes ``update_one({"_id":
-k}, {"$set": {"version": v}})``, with a version that increases with every
-write, to a seeded random document each time the workers have completed 20
-reads in all since its previous write was sent (one update every 20 reads;
-one write at a time). Free-running workers would outrun the writer on this
-machine (and starve the server of CPU), so the writer paces them: after each
-write it lengthens a pause every worker sleeps after each read when more than
-22 reads came between two writes, and shortens it when it had to wait for
-them (``--free-running`` turns this off; the report gives the achieved reads
-per write either way). Every process timestamps with ``time.monotonic_ns``
-(CLOCK_MONOTONIC, one clock for the whole host); the parent takes a write's
-acknowledgement time right after ``update_one`` returned (and its
-``operationTime``), each worker records every read (document, version, the
-applied time right before it, start, end). Per write:
-
-  upper bound  the latest, over the workers, end of a worker's first read
-               that returned that version or a newer one, minus the
-               acknowledgement: every worker has observed the write (the
-               headline figure; it includes that read, usually a miss, and
-               the gap between two reads of the same document);
-  lower bound  the latest start of a read, by any worker, that still returned
-               an older version, minus the acknowledgement;
-
-both clamped at 0 (all workers switched before the writer saw its
-acknowledgement). Reported: p50/p95/p99/max of both, the number of writes,
-reads per write, stale observations after the bound (reads that returned an
-older version and started after the upper bound: there must be none), the
-oracle's ``stale_reads`` and ``monotonic_violations`` (a worker reading an
-older version of a document than it had already read; DESIGN.md rule 7: there
-must be none; before the causal floor the shared cache had some, when another
-worker's older admission was applied before this worker's own), the
-interval between a worker's reads of one document (the upper bound's
-resolution) and the duration of the read that set the upper bound. The
-workers must hit at least ``MIN_INV_HIT_RATIO`` of their reads.
-After the last write, workers keep reading until they have observed every
-document's final version, then 200 ms more.
-
-    python -m benchmarks.workloads --json out.json   # full (a few minutes)
-    python -m benchmarks.workloads --quick           # smoke run (well under 90 s)
-
-Quantiles are nearest-rank. Uses the disposable server unless MONGODB_URI names
-a deployment; the benchmark works in databases of its own
-(``cqc_bench_<random>_*``) and drops them afterwards.
+Reference: docs/benchmarks.md, "Harness reference", `benchmarks.workloads`.
 """
 
 from __future__ import annotations
@@ -100,36 +12,22 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import hashlib
 import itertools
-import multiprocessing
 import os
-import queue as queue_mod
 import random
 import secrets
 import sys
-import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import bson
 import pymongo
-from bson.raw_bson import RawBSONDocument
 from pymongo.read_concern import ReadConcern
 
+from . import _kit as kit
 from . import _oracle
-from ._common import (
-    bypass_split,
-    exit_code,
-    machine_facts,
-    make_document,
-    progress,
-    quantile,
-    summarize,
-    write_json,
-)
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status, bypass_split, quantile, summarize
 from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, initial_versions, judge
 
 SCHEMA = "cqc.workloads/2"
@@ -142,13 +40,9 @@ SIZES: dict[str, int] = {"small": 200, "medium": 2048, "large": 20480}
 PATHS = ("direct", "local", "shared")
 INV_PATHS = ("shared", "local")
 
-MiB = 1024 * 1024
 #: The owner's geometry (as in DESIGN.md's benchmark); the local managers get
 #: the same budget and slot count.
-OWNER_ARENA_BYTES = 40 * MiB
-OWNER_BUDGET_BYTES = 32 * MiB
-OWNER_SLOTS = 16384
-LOCAL_BUDGET_BYTES = 32 * MiB
+LOCAL_BUDGET_BYTES = 32 * kit.MiB
 LOCAL_SLOTS = 16384
 #: Change-stream getMore wait of every cache (the library's default).
 MAX_AWAIT_TIME_MS = 1000
@@ -171,14 +65,8 @@ TAIL_NS = 200_000_000
 PACE_START_S = 0.0005
 PACE_MIN_S = 0.00002
 PACE_MAX_S = 0.05
-#: A cached path gives up warming after this many passes over its documents.
-MAX_WARM_PASSES = 50
 #: Part 1: reads of the direct path before the timed operations.
 DIRECT_WARM_READS = 32
-INSERT_BATCH = 500
-DIGEST_BYTES = 16
-#: Mismatch examples kept for the error message.
-MAX_EXAMPLES = 5
 
 #: The oracle's judgements (``benchmarks._oracle``): each must be 0 on
 #: every path of every cell and of the invalidation measurement.
@@ -194,38 +82,20 @@ FULL = {"keys": 1000, "ops": 2000, "writes": 500}
 QUICK = {"keys": 100, "ops": 200, "writes": 60}
 
 
-class BenchmarkFailed(RuntimeError):
-    """A read returned a wrong document, a process failed, or a wait timed out."""
-
-
-# ============================================================================
-# Documents and verification
-# ============================================================================
-
-
-def _digest(raw: bytes) -> bytes:
-    return hashlib.blake2b(raw, digest_size=DIGEST_BYTES).digest()
-
-
 def sized_document(i: int, rng: random.Random, target_bytes: int) -> dict[str, Any]:
     """``make_document(i, rng, target_bytes)``; when its fixed fields alone
     exceed the target (about 1.4 KiB), the bulkiest of them are dropped and
     the text field is sized again. ``version`` is always kept (writes set it)."""
-    doc = make_document(i, rng, target_bytes)
+    doc = kit.make_document(i, rng, target_bytes)
     if len(bson.encode(doc)) <= target_bytes + 16:
         return doc
     for field in ("bio", "history", "tags", "address"):
         doc.pop(field, None)
         if len(bson.encode(doc)) <= target_bytes:
             break
-    filled = len(bson.encode(doc)) + 12
-    words = []
-    while filled < target_bytes:
-        word = rng.choice(["lorem", "ipsum", "dolor", "sit", "amet", "cache", "mongo"])
-        words.append(word)
-        filled += len(word) + 1
-    if words:
-        doc["bio"] = " ".join(words)
+    text = kit.filler(doc, rng, target_bytes)
+    if text:
+        doc["bio"] = text
     return doc
 
 
@@ -248,7 +118,7 @@ class Expected:
         d = self._digests.get((key, version))
         if d is None:
             doc = {**self._base[key], "version": version}
-            d = _digest(bson.encode(doc, codec_options=self._codec))
+            d = kit.digest(bson.encode(doc, codec_options=self._codec))
             self._digests[(key, version)] = d
         return d
 
@@ -259,14 +129,9 @@ class Expected:
         version = got.get("version")
         if type(version) is not int:
             return None, f"version {version!r}"
-        if _digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
+        if kit.digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
             return version, f"content differs from document {key} at version {version}"
         return version, None
-
-
-def _insert(coll: Any, raws: Sequence[bytes]) -> None:
-    for start in range(0, len(raws), INSERT_BATCH):
-        coll.insert_many([RawBSONDocument(r) for r in raws[start : start + INSERT_BATCH]], ordered=False)
 
 
 def _documents(count: int, target_bytes: int, seed: str) -> list[bytes]:
@@ -282,67 +147,21 @@ def zipf_keys(n: int, count: int, rng: random.Random, s: float = ZIPF_S) -> list
     return [by_rank[r] for r in rng.choices(range(n), cum_weights=cum, k=count)]
 
 
-class Status:
-    """Progress lines on stderr, with the time since the run started."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self._start = time.monotonic()
-        self._quiet = quiet
-
-    def __call__(self, message: str) -> None:
-        if not self._quiet:
-            progress(f"[{time.monotonic() - self._start:6.1f}s] {message}")
-
-
-def _new_name(prefix: str) -> str:
-    return f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _start_owner(name: str, uri: str) -> Any:
-    from client_query_cache import SharedCache
-
-    return SharedCache.start(
-        name,
-        uri,
-        arena_bytes=OWNER_ARENA_BYTES,
-        budget_bytes=OWNER_BUDGET_BYTES,
-        slots=OWNER_SLOTS,
-        max_await_time_ms=MAX_AWAIT_TIME_MS,
-        idle_exit_seconds=OWNER_IDLE_EXIT_S,
-    )
-
-
-def _stop_owner(owner: Any) -> None:
-    """Stop the owner and remove the (empty) lock file it leaves behind; the
-    name is this run's own, so nobody else uses it."""
-    with contextlib.suppress(Exception):
-        owner.stop()
-    with contextlib.suppress(Exception):
-        from client_query_cache._core.shared import paths_for
-
-        paths_for(owner.name)["lock"].unlink()
+def _start_owner(prefix: str, uri: str) -> Any:
+    geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": MAX_AWAIT_TIME_MS}
+    return kit.start_owner(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
 
 
 def _warm_until_hits(manager: Any, reader: Any, keys: int, timeout: float, what: str) -> int:
     """Read every key until a whole pass hits; return the passes it took."""
-    deadline = time.monotonic() + timeout
-    for passes in range(1, MAX_WARM_PASSES + 1):
-        h0 = manager.snapshot().hits
-        for k in range(keys):
-            reader.find_one({"_id": k})
-        if manager.snapshot().hits - h0 == keys:
-            return passes
-        if time.monotonic() > deadline:
-            break
-        # Reads go to MongoDB until the stream has applied what this
-        # process's misses saw (the causal floor): up to two stream rounds.
-        time.sleep(0.1)
-    raise BenchmarkFailed(f"{what}: documents still missing after {passes} warm-up passes")
+    reads = [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)]
+    passes = kit.warm_until_hits(manager, reads, timeout)
+    if not passes:
+        raise BenchmarkFailed(f"{what}: documents still missing after {timeout:g} s of warm-up passes")
+    return passes
 
 
-# ============================================================================
-# Part 1: the mix matrix
-# ============================================================================
+# -- Part 1: the mix matrix ------------------------------------------------------
 
 
 class MatrixPaths:
@@ -362,7 +181,7 @@ class MatrixPaths:
         try:
             for p in PATHS:
                 self.clients[p] = pymongo.MongoClient(uri, event_listeners=[self.times[p]])
-            self.owner = _start_owner(_new_name("cqc-wl-matrix"), uri)
+            self.owner = _start_owner("cqc-wl-matrix", uri)
             self.managers["local"] = CacheManager(
                 self.clients["local"],
                 budget_bytes=LOCAL_BUDGET_BYTES,
@@ -388,7 +207,7 @@ class MatrixPaths:
                 m.close()
         self.managers = {}
         if self.owner is not None:
-            _stop_owner(self.owner)
+            kit.stop_owner(self.owner)
             self.owner = None
         for p, c in self.clients.items():
             with contextlib.suppress(Exception):
@@ -409,7 +228,7 @@ def run_cell(
 
     status(f"{mix}/{size}: inserting {keys} documents of ~{sum(map(len, raws)) // keys} B into 3 databases")
     for p in PATHS:
-        _insert(paths.raw(p, coll_name), raws)
+        kit.insert_raw(paths.raw(p, coll_name), raws)
     try:
         return _run_cell_ops(paths, mix, size, coll_name, raws, plan, status)
     finally:
@@ -616,9 +435,7 @@ def run_matrix(
     return cells
 
 
-# ============================================================================
-# Part 2: invalidation latency (worker processes)
-# ============================================================================
+# -- Part 2: invalidation latency (worker processes) -----------------------------
 
 
 def _inv_manager(cls: Any, client: Any, spec: dict[str, Any]) -> Any:
@@ -627,12 +444,11 @@ def _inv_manager(cls: Any, client: Any, spec: dict[str, Any]) -> Any:
     return cls(client, budget_bytes=LOCAL_BUDGET_BYTES, slot_count=LOCAL_SLOTS, max_await_time_ms=MAX_AWAIT_TIME_MS)
 
 
-def _inv_worker(
-    spec: dict[str, Any], counters: Any, stop: Any, final: Any, pace: Any, barrier: Any
-) -> dict[str, Any]:
+def _inv_worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
     from client_query_cache import CacheManager
 
     index, keys, timeout = spec["index"], spec["keys"], spec["timeout"]
+    counters, stop, final, pace = shared.counters, shared.stop, shared.final, shared.pace
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
     manager: Any = None
     try:
@@ -659,7 +475,7 @@ def _inv_worker(
         rng = random.Random(spec["seed"])
         order = list(range(keys))
         before = manager.snapshot()
-        barrier.wait(timeout)
+        shared.barrier.wait(timeout)
         first_ns = clock()
         while True:
             rng.shuffle(order)  # no worker follows a fixed phase of the writer
@@ -724,28 +540,6 @@ def _inv_worker(
         client.close()
 
 
-def _worker_entry(
-    work: Callable[..., dict[str, Any]],
-    spec: dict[str, Any],
-    counters: Any,
-    stop: Any,
-    final: Any,
-    pace: Any,
-    barrier: Any,
-    results: Any,
-) -> None:
-    """Entry point of a spawned worker: ``work``'s result, or its traceback,
-    on the queue; a failure also breaks the barrier so the parent stops
-    waiting."""
-    try:
-        results.put(("result", spec["index"], work(spec, counters, stop, final, pace, barrier)))
-    except BaseException:
-        results.put(("error", spec["index"], traceback.format_exc()))
-        with contextlib.suppress(Exception):
-            barrier.abort()
-        raise SystemExit(1) from None
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Write:
     key: int
@@ -756,115 +550,9 @@ class Write:
     optime: int = 0
 
 
-class _Workers:
-    """Spawned workers, their shared counters and the queue of their results;
-    ``close()`` ends every one of them."""
-
-    def __init__(self, ctx: Any, count: int, keys: int) -> None:
-        self.ctx = ctx
-        self.count = count
-        self.counters = ctx.RawArray("q", count)
-        self.final = ctx.RawArray("q", keys)
-        self.stop = ctx.RawValue("i", 0)
-        #: Seconds each worker sleeps after a read (set by the writer's pacing).
-        self.pace = ctx.RawValue("d", 0.0)
-        self.barrier = ctx.Barrier(count + 1)
-        self.results = ctx.Queue()
-        self.procs: list[Any] = []
-        self._watch_stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
-
-    def start(self, specs: Sequence[dict[str, Any]], work: Callable[..., dict[str, Any]] | None = None) -> None:
-        """Spawn one process per spec running ``work(spec, counters, stop,
-        final, pace, barrier)`` (a module-level function, default the
-        invalidation worker), whose result or traceback the queue gets."""
-        for spec in specs:
-            p = self.ctx.Process(
-                target=_worker_entry,
-                args=(work or _inv_worker, spec, self.counters, self.stop, self.final, self.pace, self.barrier, self.results),
-                name=f"wl-worker-{spec['index']}",
-            )
-            p.start()
-            self.procs.append(p)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        """Break the barrier as soon as a worker dies, so the parent fails now."""
-        while not self._watch_stop.wait(0.25):
-            if any(p.exitcode not in (None, 0) for p in self.procs):
-                with contextlib.suppress(Exception):
-                    self.barrier.abort()
-                return
-
-    def dead(self) -> list[int]:
-        return [k for k, p in enumerate(self.procs) if p.exitcode not in (None, 0)]
-
-    def errors(self, wait: float = 2.0) -> str:
-        """Why the workers broke: dead processes, then their tracebacks."""
-        lines = [f"worker {k} exited with code {self.procs[k].exitcode}" for k in self.dead()]
-        found = False
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                kind, index, payload = self.results.get(timeout=0.2)
-            except queue_mod.Empty:
-                if found:
-                    break
-                continue
-            except (OSError, ValueError, EOFError):
-                break
-            if kind == "error" and not payload.rstrip().endswith("BrokenBarrierError"):
-                lines.append(f"worker {index}:\n{payload}")
-                found = True
-        return "\n".join(lines) or "no worker reported an error (a wait longer than --timeout?)"
-
-    def meet(self, timeout: float, what: str) -> None:
-        try:
-            self.barrier.wait(timeout)
-        except threading.BrokenBarrierError:
-            raise BenchmarkFailed(f"barrier broken at {what}:\n{self.errors()}") from None
-
-    def total_reads(self) -> int:
-        return sum(self.counters)
-
-    def collect(self, timeout: float) -> list[dict[str, Any]]:
-        out: list[dict[str, Any] | None] = [None] * self.count
-        deadline = time.monotonic() + timeout
-        while any(r is None for r in out):
-            try:
-                kind, index, payload = self.results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                raise BenchmarkFailed(f"workers did not report:\n{self.errors()}") from None
-            if kind == "error":
-                raise BenchmarkFailed(f"worker {index} failed:\n{payload}")
-            out[index] = payload
-        for p in self.procs:
-            p.join(timeout)
-        return [r for r in out if r is not None]
-
-    def close(self) -> None:
-        self.stop.value = 1
-        self._watch_stop.set()
-        if self._watcher.is_alive():
-            self._watcher.join(2)
-        with contextlib.suppress(Exception):
-            self.barrier.abort()
-        for p in self.procs:
-            p.join(0 if p.exitcode is not None else 10)
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        self.results.close()
-        self.results.join_thread()
-
-
 def _write_loop(
     coll: Any,
-    workers: _Workers,
+    workers: kit.Pool,
     *,
     writes: int,
     keys: int,
@@ -889,7 +577,8 @@ def _write_loop(
     pauses: list[float] = []
     clock = time.monotonic_ns
     pause = PACE_START_S if paced else 0.0
-    workers.pace.value = pause
+    pace = workers.shared.pace
+    pace.value = pause
     mark = first = workers.total_reads()
     for n in range(writes):
         deadline = time.monotonic() + timeout
@@ -917,9 +606,9 @@ def _write_loop(
                 pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / reads_per_write))
             elif sent - waited > (ack - sent) // 4:
                 pause = pause * 0.8 if pause > PACE_MIN_S else 0.0
-            workers.pace.value = pause
+            pace.value = pause
         pauses.append(pause)
-    workers.pace.value = 0.0
+    pace.value = 0.0
     return done, workers.total_reads() - first, pauses
 
 
@@ -1091,17 +780,16 @@ def run_invalidation(
     times = WriteTimes()
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
     owner: Any = None
-    pool: _Workers | None = None
+    pool: kit.Pool | None = None
     try:
         coll = client[db][coll_name]
-        _insert(coll, raws)
+        kit.insert_raw(coll, raws)
         shared_name = None
         if path == "shared":
             status(f"invalidation/{path}: starting the owner")
-            owner = _start_owner(_new_name("cqc-wl-inv"), uri)
+            owner = _start_owner("cqc-wl-inv", uri)
             shared_name = owner.name
-        ctx = multiprocessing.get_context("spawn")
-        pool = _Workers(ctx, workers, keys)
+        pool = kit.Pool(workers, keys=keys, timeout=timeout)
         status(f"invalidation/{path}: starting {workers} workers")
         pool.start(
             [
@@ -1118,9 +806,10 @@ def run_invalidation(
                     "seed": f"{seed}/inv/{path}/{w}",
                 }
                 for w in range(workers)
-            ]
+            ],
+            _inv_worker,
         )
-        pool.meet(timeout, "start (workers warm)")
+        pool.meet("start (workers warm)")
         coll.update_one({"_id": -1}, {"$set": {"version": 0}})  # opens the write path; no event
         status(f"invalidation/{path}: {writes} writes, one per {reads_per_write} reads")
         started = time.perf_counter()
@@ -1136,16 +825,16 @@ def run_invalidation(
             paced=paced,
         )
         for k in range(keys):
-            pool.final[k] = max((w.version for w in done if w.key == k), default=1)
-        pool.stop.value = 1
+            pool.shared.final[k] = max((w.version for w in done if w.key == k), default=1)
+        pool.shared.stop.value = 1
         status(f"invalidation/{path}: waiting for every worker to observe the final versions")
-        results = pool.collect(timeout + 30)
+        results = pool.collect(timeout=timeout + 30)
         wall = time.perf_counter() - started
     finally:
         if pool is not None:
             pool.close()
         if owner is not None:
-            _stop_owner(owner)
+            kit.stop_owner(owner)
         with contextlib.suppress(Exception):
             client[db][coll_name].drop()
         client.close()
@@ -1197,9 +886,7 @@ def _invalidation_result(
     return out
 
 
-# ============================================================================
-# The report
-# ============================================================================
+# -- The report ------------------------------------------------------------------
 
 METHOD = {
     "matrix": "one process; per cell, identical documents in one database per path; the same seeded operation "
@@ -1237,13 +924,12 @@ def build_report(
     args: dict[str, Any], cells: list[dict[str, Any]], invalidation: dict[str, Any], elapsed: float
 ) -> dict[str, Any]:
     from client_query_cache import __version__ as cqc_version
-    from client_query_cache.testing import external_uri
 
     return {
         "schema": SCHEMA,
         "mode": "quick" if args.get("quick") else "full",
         "method": METHOD,
-        "machine": {**machine_facts(), "loadavg_at_end": list(os.getloadavg())},
+        "machine": {**kit.machine_facts(), "loadavg_at_end": list(os.getloadavg())},
         "parameters": {
             **args,
             "mixes": {m: MIXES[m] for m in args["mixes"]},
@@ -1251,13 +937,13 @@ def build_report(
             "zipf_s": ZIPF_S,
             "reads_per_write": READS_PER_WRITE,
             "invalidation_document_bytes": INV_DOC_BYTES,
-            "owner": {"arena_bytes": OWNER_ARENA_BYTES, "budget_bytes": OWNER_BUDGET_BYTES, "slots": OWNER_SLOTS},
+            "owner": dict(kit.OWNER_GEOMETRY),
             "local": {"budget_bytes": LOCAL_BUDGET_BYTES, "slot_count": LOCAL_SLOTS},
             "max_await_time_ms": MAX_AWAIT_TIME_MS,
             "min_hit_ratio": MIN_HIT_RATIO,
             "min_invalidation_hit_ratio": MIN_INV_HIT_RATIO,
             "read_concern_direct": "majority",
-            "external_deployment": external_uri() is not None,
+            "external_deployment": kit.external(),
             "client_query_cache": cqc_version,
         },
         "cells": cells,
@@ -1383,9 +1069,7 @@ def _print_invalidation(report: dict[str, Any], out: Any) -> None:
     )
 
 
-# ============================================================================
-# main
-# ============================================================================
+# -- main ------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
@@ -1394,126 +1078,64 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
     cells: list[dict[str, Any]] = []
     if not args.skip_matrix:
         cells = run_matrix(
-            uri,
-            db_prefix=db_prefix,
-            mixes=args.mixes,
-            sizes=args.sizes,
-            keys=args.keys,
-            ops=args.ops,
-            seed=args.seed,
-            timeout=args.timeout,
-            status=status,
-        )
+            uri, db_prefix=db_prefix, mixes=args.mixes, sizes=args.sizes, keys=args.keys, ops=args.ops,
+            seed=args.seed, timeout=args.timeout, status=status,
+        )  # fmt: skip
     invalidation: dict[str, Any] = {}
     inv_db = f"{db_prefix}_invalidation"
     try:
         for path in args.inv_paths:
             invalidation[path] = run_invalidation(
-                uri,
-                db=inv_db,
-                path=path,
-                workers=args.workers,
-                writes=args.writes,
-                keys=args.inv_keys,
-                seed=args.seed,
-                paced=not args.free_running,
-                timeout=args.timeout,
-                status=status,
-            )
+                uri, db=inv_db, path=path, workers=args.workers, writes=args.writes, keys=args.inv_keys,
+                seed=args.seed, paced=not args.free_running, timeout=args.timeout, status=status,
+            )  # fmt: skip
     finally:
         with pymongo.MongoClient(uri) as client:
             client.drop_database(inv_db)
     params = {
-        "quick": args.quick,
-        "seed": args.seed,
-        "mixes": list(args.mixes),
-        "sizes": list(args.sizes),
-        "keys": args.keys,
-        "ops": args.ops,
-        "workers": args.workers,
-        "writes": args.writes,
-        "invalidation_keys": args.inv_keys,
-        "invalidation_paths": list(args.inv_paths),
-        "invalidation_paced": not args.free_running,
-        "database_prefix": db_prefix,
-    }
+        "quick": args.quick, "seed": args.seed, "mixes": list(args.mixes), "sizes": list(args.sizes),
+        "keys": args.keys, "ops": args.ops, "workers": args.workers, "writes": args.writes,
+        "invalidation_keys": args.inv_keys, "invalidation_paths": list(args.inv_paths),
+        "invalidation_paced": not args.free_running, "database_prefix": db_prefix,
+    }  # fmt: skip
     return build_report(params, cells, invalidation, time.perf_counter() - started)
 
 
-def _csv(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
-    def parse(text: str) -> tuple[str, ...]:
-        items = tuple(x.strip() for x in text.split(",") if x.strip())
-        bad = [x for x in items if x not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}")
-        return items
-
-    return parse
-
-
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.workloads", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help=f"smoke run: {QUICK['keys']} documents, {QUICK['ops']} operations "
-        f"per cell, {QUICK['writes']} invalidation writes"
-    )
-    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
-    parser.add_argument("--seed", type=int, default=20261203)
-    parser.add_argument("--workers", type=int, default=4, help="invalidation worker processes (default 4)")
-    parser.add_argument("--keys", type=int, default=None, help=f"documents per matrix cell (default {FULL['keys']})")
-    parser.add_argument("--ops", type=int, default=None, help=f"operations per cell and path (default {FULL['ops']})")
-    parser.add_argument("--writes", type=int, default=None, help=f"invalidation writes per path (default {FULL['writes']})")
-    parser.add_argument(
-        "--inv-keys", type=int, default=INV_KEYS, help=f"documents the invalidation workers read (default {INV_KEYS})"
-    )
-    parser.add_argument("--mixes", type=_csv(tuple(MIXES)), default=tuple(MIXES), help="comma-separated subset")
-    parser.add_argument("--sizes", type=_csv(tuple(SIZES)), default=tuple(SIZES), help="comma-separated subset")
-    parser.add_argument(
-        "--inv-paths", type=_csv(INV_PATHS), default=INV_PATHS, help="invalidation paths (default shared,local)"
-    )
-    parser.add_argument(
-        "--free-running",
-        action="store_true",
-        help="invalidation workers read without pausing (the writer cannot keep up: more reads per write)",
-    )
-    parser.add_argument("--skip-matrix", action="store_true", help="run only the invalidation measurement")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
+    parser = kit.parser("workloads", __doc__, seed=20261203)
+    add = parser.add_argument
+    add("--quick", action="store_true", help=f"smoke run: {QUICK['keys']} documents, {QUICK['ops']} operations "
+        f"per cell, {QUICK['writes']} invalidation writes")  # fmt: skip
+    add("--workers", type=int, default=4, help="invalidation worker processes (default 4)")
+    add("--keys", type=int, default=None, help=f"documents per matrix cell (default {FULL['keys']})")
+    add("--ops", type=int, default=None, help=f"operations per cell and path (default {FULL['ops']})")
+    add("--writes", type=int, default=None, help=f"invalidation writes per path (default {FULL['writes']})")
+    add("--inv-keys", type=int, default=INV_KEYS, help=f"documents the invalidation workers read (default {INV_KEYS})")
+    add("--mixes", type=kit.csv(tuple(MIXES)), default=tuple(MIXES), help="comma-separated subset")
+    add("--sizes", type=kit.csv(tuple(SIZES)), default=tuple(SIZES), help="comma-separated subset")
+    add("--inv-paths", type=kit.csv(INV_PATHS), default=INV_PATHS, help="invalidation paths (default shared,local)")
+    add("--free-running", action="store_true",
+        help="invalidation workers read without pausing (the writer cannot keep up: more reads per write)")  # fmt: skip
+    add("--skip-matrix", action="store_true", help="run only the invalidation measurement")
+    add("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for name in ("keys", "ops", "writes"):
         if getattr(args, name) is None:
             setattr(args, name, defaults[name])
-    for name in ("workers", "keys", "ops", "writes", "inv_keys"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    kit.at_least_one(parser, args, ("workers", "keys", "ops", "writes", "inv_keys"))
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    from client_query_cache.testing import disposable_uri
-
     status = Status()
     started = time.perf_counter()
-    try:
-        status("starting the server (or using MONGODB_URI)")
-        with disposable_uri() as uri:
-            report = run(args, uri, status)
-            status("stopping the server")
-    except BenchmarkFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    report = kit.with_server(lambda uri: run(args, uri, status), status)
+    if report is None:
         return 1
     report["elapsed_seconds"] = time.perf_counter() - started
-    problems = checks(report)
-    report["checks"] = {"passed": not problems, "problems": problems}
-    print_tables(report)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    print(f"elapsed {report['elapsed_seconds']:.0f}s")
-    return exit_code(problems)
+    return kit.conclude(report, checks(report), print_tables, args.json, elapsed=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ro
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import soak  # noqa: E402
-from benchmarks._common import write_json  # noqa: E402
+from benchmarks._kit import write_json  # noqa: E402
 from benchmarks.soak import ABSENT, COUNT_KIND, OP_DELETE, OP_INSERT, OP_UPDATE, ROW, Checker  # noqa: E402
 
 MiB = 1024 * 1024

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ro
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import workloads  # noqa: E402
-from benchmarks._common import write_json  # noqa: E402
+from benchmarks._kit import write_json  # noqa: E402
 
 
 def test_tiny_run_writes_a_complete_report_that_judges_every_read(

@@ -1,0 +1,535 @@
+"""The benchmarks' kit: documents, quantiles, reports, options, and every process a harness starts.
+
+Only this module starts processes: the disposable server (``server``), shared-cache owners
+(``start_owner``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
+Reference: docs/benchmarks.md, "Harness reference".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import platform
+import queue as queue_mod
+import random
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import bson
+import pymongo
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+
+MiB = 1024 * 1024
+#: The bypass reason of a read that went to MongoDB because the stream had
+#: not yet applied what the process had already seen (the causal floor): the
+#: cost of that guarantee, counted apart from every other bypass.
+BEHIND = "stream_behind"
+DIGEST_BYTES = 16
+MAX_EXAMPLES = 5
+#: The owner's geometry of DESIGN.md's benchmark.
+OWNER_GEOMETRY = {"arena_bytes": 40 * MiB, "budget_bytes": 32 * MiB, "slots": 16384}
+
+
+class BenchmarkFailed(RuntimeError):
+    """A read returned a wrong document, a process failed, or a wait timed out."""
+
+
+# -- documents -------------------------------------------------------------------
+
+
+def make_document(i: int, rng: random.Random, target_bytes: int = 4096) -> dict[str, Any]:
+    """A realistic document of about ``target_bytes`` of BSON: scalars of
+    several types, a nested document, arrays of values and of subdocuments,
+    and a text field sized to reach the target."""
+    base = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    doc: dict[str, Any] = {
+        "_id": i,
+        "ref": ObjectId(),
+        "name": f"user-{i:06d}",
+        "email": f"user{i}@example.test",
+        "age": rng.randint(18, 90),
+        "score": rng.random() * 100,
+        "active": rng.random() < 0.5,
+        "created": base + datetime.timedelta(seconds=rng.randint(0, 10**7)),
+        "tags": [f"tag{rng.randint(0, 999)}" for _ in range(12)],
+        "address": {
+            "street": f"{rng.randint(1, 999)} Main Street",
+            "city": rng.choice(["Lyon", "Porto", "Oslo", "Quito", "Perth"]),
+            "zip": f"{rng.randint(10000, 99999)}",
+            "geo": [rng.uniform(-180, 180), rng.uniform(-90, 90)],
+        },
+        "history": [
+            {
+                "at": base + datetime.timedelta(minutes=rng.randint(0, 10**6)),
+                "event": rng.choice(["login", "view", "buy", "logout"]),
+                "value": rng.random(),
+                "count": rng.randint(0, 1000),
+            }
+            for _ in range(16)
+        ],
+        "version": 1,
+    }
+    doc["bio"] = filler(doc, rng, target_bytes)
+    return doc
+
+
+def filler(doc: dict[str, Any], rng: random.Random, target_bytes: int) -> str:
+    """Words that bring ``doc`` to about ``target_bytes`` of BSON (a running
+    total, not a sum over the words each time round: linear time)."""
+    filled = len(bson.encode(doc)) + 12
+    words = []
+    while filled < target_bytes:
+        word = rng.choice(["lorem", "ipsum", "dolor", "sit", "amet", "cache", "mongo"])
+        words.append(word)
+        filled += len(word) + 1
+    return " ".join(words)
+
+
+def digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=DIGEST_BYTES).digest()
+
+
+def insert_raw(coll: Any, raws: Sequence[bytes], batch: int = 500) -> None:
+    for start in range(0, len(raws), batch):
+        coll.insert_many([RawBSONDocument(r) for r in raws[start : start + batch]], ordered=False)
+
+
+# -- quantiles and counters -----------------------------------------------------
+
+
+def quantile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank quantile: the value at index ceil(p/100*n) - 1."""
+    n = len(sorted_values)
+    if n == 0:
+        return float("nan")
+    idx = max(0, math.ceil(p / 100.0 * n) - 1)
+    return sorted_values[min(idx, n - 1)]
+
+
+def summarize(samples_ns: Sequence[int]) -> dict[str, float]:
+    """p50/p95/p99/mean in microseconds."""
+    s = sorted(samples_ns)
+    return {
+        "n": len(s),
+        "p50_us": quantile(s, 50) / 1000.0,
+        "p95_us": quantile(s, 95) / 1000.0,
+        "p99_us": quantile(s, 99) / 1000.0,
+        "mean_us": (sum(s) / len(s) / 1000.0) if s else float("nan"),
+    }
+
+
+def in_ms(samples_ns: Sequence[int]) -> dict[str, float]:
+    """n and nearest-rank p50/p95/p99/max, in milliseconds."""
+    s = sorted(samples_ns)
+    out: dict[str, float] = {"n": len(s)}
+    for name, p in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100)):
+        out[name] = quantile(s, p) / 1e6
+    return out
+
+
+def bypass_split(before: Any, after: Any) -> tuple[int, int]:
+    """Between two snapshots: (bypasses for any reason but the causal floor,
+    bypasses for the causal floor)."""
+    behind = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
+    return after.bypass_total - before.bypass_total - behind, behind
+
+
+def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
+    """Call every read until a whole pass is served from the cache; return
+    the passes it took (0 if ``timeout`` seconds passed first). Misses admit
+    on the first pass; a read can go to MongoDB for a while longer, until
+    the stream has applied what the process's misses saw (the causal floor,
+    up to two stream rounds)."""
+    deadline = time.monotonic() + timeout
+    passes = 0
+    while True:
+        passes += 1
+        before = manager.snapshot().hits
+        for read in reads:
+            read()
+        if manager.snapshot().hits - before == len(reads):
+            return passes
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(pause)
+
+
+def manager_for(cls: Any, client: Any, shared: str | None, **local: Any) -> Any:
+    """A ``CacheManager``/``AsyncCacheManager``: attached to the owner
+    ``shared``, or process-local with ``local``'s options."""
+    return cls(client, shared=shared) if shared else cls(client, **local)
+
+
+# -- progress, options, reports ---------------------------------------------------
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Status:
+    """Progress lines on stderr, with the time since the run started."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self._start = time.monotonic()
+        self._quiet = quiet
+
+    def __call__(self, message: str) -> None:
+        if not self._quiet:
+            progress(f"[{time.monotonic() - self._start:6.1f}s] {message}")
+
+
+def parser(module: str, doc: str | None, *, json_flag: str = "--json", seed: int = 20261204) -> argparse.ArgumentParser:
+    """A harness's parser with the common options: the JSON report's path and the seed."""
+    out = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}", description=(doc or "").split("\n")[0])
+    out.add_argument(json_flag, metavar="PATH", help="write the JSON report here")
+    out.add_argument("--seed", type=int, default=seed)
+    return out
+
+
+def at_least_one(parser_: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
+    for name in names:
+        if getattr(args, name) < 1:
+            parser_.error(f"--{name.replace('_', '-')} must be at least 1")
+
+
+def csv(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An option's type: a comma-separated subset of ``choices``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(x.strip() for x in text.split(",") if x.strip())
+        if not items or any(x not in choices for x in items):
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def machine_facts() -> dict[str, Any]:
+    """Generic facts only: no host names, users or paths."""
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "pymongo": pymongo.version,
+        "os": platform.system(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def write_json(path: str, report: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+def exit_code(problems: Sequence[str], headline: str = "CHECKS FAILED:") -> int:
+    """Print the failed checks (if any) to stderr; the process exit code."""
+    if not problems:
+        return 0
+    print(headline, file=sys.stderr)
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    return 1
+
+
+def conclude(
+    report: dict[str, Any],
+    problems: Sequence[str] | None,
+    print_report: Callable[[dict[str, Any]], None],
+    json_path: str | None,
+    elapsed: bool = False,
+    headline: str = "CHECKS FAILED:",
+) -> int:
+    """The end of a benchmark: record the checks in the report (``None``:
+    it has none), print it, write it as JSON if asked, and return the exit code."""
+    if problems is not None:
+        report["checks"] = {"passed": not problems, "problems": list(problems)}
+    print_report(report)
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
+    if elapsed:
+        print(f"elapsed {report['elapsed_seconds']:.0f}s")
+    return exit_code(problems or (), headline)
+
+
+def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progress) -> Any:
+    """``run(uri)`` against the disposable server (or ``MONGODB_URI``); None
+    (the error printed) if the benchmark failed."""
+    try:
+        status("starting the server (or using MONGODB_URI)")
+        with server() as uri:
+            return run(uri)
+    except BenchmarkFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+# -- processes: the server, owners, commands -------------------------------------
+
+
+@contextlib.contextmanager
+def server() -> Iterator[str]:
+    """The disposable server's URI (or ``MONGODB_URI``'s) while the block runs."""
+    from client_query_cache.testing import disposable_uri
+
+    with disposable_uri() as uri:
+        yield uri
+
+
+def disposable_server(**options: Any) -> Any:
+    """A started ``DisposableServer`` of its own (``stop()``/``start()``/``close()``)."""
+    from client_query_cache.testing import DisposableServer
+
+    srv = DisposableServer(**options)
+    try:
+        srv.start()
+    except BaseException:
+        srv.close()
+        raise
+    return srv
+
+
+def external() -> bool:
+    from client_query_cache.testing import external_uri
+
+    return external_uri() is not None
+
+
+def new_name(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def start_owner(name: str, uri: str, **options: Any) -> Any:
+    """``SharedCache.start(name, uri, **options)``: an owner process."""
+    from client_query_cache import SharedCache
+
+    return SharedCache.start(name, uri, **options)
+
+
+def stop_owner(owner: Any, timeout: float | None = None) -> None:
+    """Stop the owner and remove the (empty) lock file it leaves behind; the
+    name is this run's own, so nobody else uses it."""
+    with contextlib.suppress(Exception):
+        owner.stop(**({} if timeout is None else {"timeout": timeout}))
+    with contextlib.suppress(Exception):
+        from client_query_cache._core.shared import paths_for
+
+        if not process_alive(owner.pid):
+            paths_for(owner.name)["lock"].unlink()
+
+
+def process_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def spawn(target: Callable[..., Any], *args: Any, daemon: bool = False) -> Any:
+    """A started process (multiprocessing spawn) running ``target(*args)``."""
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=daemon)
+    proc.start()
+    return proc
+
+
+def context() -> Any:
+    """The spawn context, for the shared values a ``spawn``'s target takes."""
+    return multiprocessing.get_context("spawn")
+
+
+def run_command(cmd: Sequence[str], **options: Any) -> subprocess.CompletedProcess[Any]:
+    return subprocess.run(list(cmd), **options)
+
+
+def popen(cmd: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(cmd), **options)
+
+
+def checkout() -> str | None:
+    """The short commit of this checkout, ``+dirty`` with uncommitted changes."""
+    root = str(Path(__file__).resolve().parent.parent)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        rev = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        if rev.returncode == 0:
+            return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return None
+
+
+# -- the worker pool --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shared:
+    """What a pool's workers share with the parent: per-worker ``counters``,
+    ``final`` values, the ``stop`` flag, the ``pace`` (seconds to sleep after
+    a read), free ``stats``, the start ``barrier`` and the ``results`` queue."""
+
+    counters: Any
+    final: Any
+    stop: Any
+    pace: Any
+    stats: Any
+    barrier: Any
+    results: Any
+
+    def put(self, kind: str, index: int, payload: Any) -> None:
+        self.results.put((kind, index, payload))
+
+
+def _entry(work: Callable[[dict[str, Any], Shared], Any], spec: dict[str, Any], shared: Shared) -> None:
+    """A spawned worker: ``work``'s result, or its traceback, on the queue; a
+    failure also breaks the barrier so the parent stops waiting."""
+    try:
+        shared.put("result", spec["index"], work(spec, shared))
+    except BaseException:
+        shared.put("error", spec["index"], traceback.format_exc())
+        with contextlib.suppress(Exception):
+            shared.barrier.abort()
+        raise SystemExit(1) from None
+
+
+class Pool:
+    """Spawned workers sharing a ``Shared``; ``close()`` ends every one of
+    them. A watcher breaks the barrier as soon as a worker (or the ``owner``
+    watched) dies, so the parent fails at once instead of at a timeout."""
+
+    def __init__(self, count: int, *, keys: int = 1, stats: int = 1, owner: Any = None, timeout: float = 120.0) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.count, self.owner, self.timeout = count, owner, timeout
+        self.shared = Shared(
+            ctx.RawArray("q", count), ctx.RawArray("q", keys), ctx.RawValue("i", 0), ctx.RawValue("d", 0.0),
+            ctx.RawArray("q", stats), ctx.Barrier(count + 1), ctx.Queue(),
+        )  # fmt: skip
+        self.procs: list[Any] = []
+        self._stash: list[tuple[str, int, Any]] = []
+        self._watch_stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
+
+    def start(self, specs: Sequence[dict[str, Any]], work: Callable[[dict[str, Any], Shared], Any]) -> None:
+        """Spawn one process per spec running ``work(spec, shared)`` (a
+        module-level function), whose result or traceback the queue gets."""
+        ctx = multiprocessing.get_context("spawn")
+        for spec in specs:
+            p = ctx.Process(target=_entry, args=(work, spec, self.shared), name=f"bench-worker-{spec['index']}")
+            p.start()
+            self.procs.append(p)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._watch_stop.wait(0.25):
+            if self.dead() or (self.owner is not None and not process_alive(self.owner.pid)):
+                with contextlib.suppress(Exception):
+                    self.shared.barrier.abort()
+                return
+
+    def dead(self) -> list[int]:
+        return [k for k, p in enumerate(self.procs) if p.exitcode not in (None, 0)]
+
+    def total_reads(self) -> int:
+        return sum(self.shared.counters)
+
+    def errors(self, wait: float = 2.0) -> str:
+        """Why the workers broke: dead processes first, then their
+        tracebacks (a worker that only saw the barrier break is one line)."""
+        failures, broken = [], []
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                kind, index, payload = self.shared.results.get(timeout=0.2)
+            except queue_mod.Empty:
+                if failures or broken:
+                    break
+                continue
+            except (OSError, ValueError, EOFError):
+                break
+            if kind == "error" and payload.rstrip().endswith("BrokenBarrierError"):
+                broken.append(index)
+            elif kind == "error":
+                failures.append(f"worker {index}:\n{payload}")
+        lines = [f"worker {k} exited with code {self.procs[k].exitcode}" for k in self.dead()]
+        if self.owner is not None and not process_alive(self.owner.pid):
+            lines.append("the owner process is gone")
+        lines += failures
+        if broken:
+            lines.append(f"workers {sorted(broken)} stopped at the broken barrier")
+        return "\n".join(lines) or f"no worker reported an error (a wait longer than --timeout {self.timeout:g}s?)"
+
+    def meet(self, what: str) -> None:
+        try:
+            self.shared.barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            raise BenchmarkFailed(f"barrier broken at {what}:\n{self.errors()}") from None
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self.shared.barrier.abort()
+
+    def collect(self, kind: str = "result", timeout: float | None = None) -> list[Any]:
+        """One message of ``kind`` from every worker, in worker order (others
+        are kept for a later call); after the results, the workers are joined."""
+        out: list[Any] = [None] * self.count
+        got = [False] * self.count
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        pending, self._stash = self._stash, []
+        while not all(got):
+            if pending:
+                kind_, index, payload = pending.pop(0)
+            else:
+                try:
+                    kind_, index, payload = self.shared.results.get(timeout=max(0.1, deadline - time.monotonic()))
+                except queue_mod.Empty:
+                    raise BenchmarkFailed(f"workers did not report:\n{self.errors()}") from None
+            if kind_ == "error":
+                raise BenchmarkFailed(f"worker {index} failed:\n{payload}")
+            if kind_ != kind or got[index]:
+                self._stash.append((kind_, index, payload))
+                continue
+            out[index], got[index] = payload, True
+        self._stash += pending
+        if kind == "result":
+            for p in self.procs:
+                p.join(self.timeout)
+        return out
+
+    def close(self) -> None:
+        self.shared.stop.value = 1
+        self._watch_stop.set()
+        if self._watcher.is_alive():
+            self._watcher.join(2)
+        self.abort()
+        for p in self.procs:
+            p.join(0 if p.exitcode is not None else 10)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        self.shared.results.close()
+        self.shared.results.join_thread()
