@@ -307,6 +307,49 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
 /* Reads and admissions                                                     */
 /* ======================================================================== */
 
+/* A lookup's copy, seen on its way to the caller's buffer: whether it is
+ * the result an own miss admitted (floor.h, CQC_FLOOR_IF_OWN). */
+typedef struct {
+   cqc_alloc_fn alloc;
+   cqc_discard_fn discard;
+   void *ctx;
+   const uint8_t *buf;
+   size_t len;
+} seen_copy_t;
+
+static void *
+seen_alloc (void *ctx, size_t len)
+{
+   seen_copy_t *s = ctx;
+
+   s->len = len;
+   s->buf = s->alloc (s->ctx, len);
+   return (void *) s->buf;
+}
+
+static void
+seen_discard (void *ctx)
+{
+   seen_copy_t *s = ctx;
+
+   s->buf = NULL;
+   s->discard (s->ctx);
+}
+
+/* Look up under a floor that serves only the process's own result. */
+static bool
+lookup_own (cqc_cache_t *c, uint32_t ns_idx, uint64_t hash, const cqc_key_t *k, uint64_t own,
+            cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx, cqc_lookup_t *r)
+{
+   seen_copy_t s = {alloc, discard, ctx, NULL, 0};
+
+   *r = cqc_arena_r_lookup (&c->arena, ns_idx, hash, k->buf, k->len, seen_alloc, seen_discard, &s);
+   if (*r == CQC_LOOKUP_HIT) {
+      return cqc_floor_value_hash (s.buf, s.len, false) == own;
+   }
+   return *r == CQC_LOOKUP_NOT_FOUND && own == cqc_floor_value_hash (NULL, 0, true);
+}
+
 cqc_served_t
 cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
                   const uint8_t *filter, uint32_t flen, cqc_alloc_fn alloc,
@@ -314,7 +357,8 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
 {
    bool stalled, behind;
    cqc_lookup_t r;
-   uint64_t hash;
+   uint64_t hash, own = 0;
+   int floor;
 
    if (cqc_arena_r_db_state (&c->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
       c->unhealthy++;
@@ -325,8 +369,13 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
     * served; a miss still is one (its read goes to MongoDB and is
     * admitted). */
    hash = cqc_hash_bytes (k->buf, k->len, 0);
-   behind = cqc_floor_behind (&c->floor, &c->arena, ns_idx, db_idx, hash, filter, flen);
-   r = cqc_arena_r_lookup (&c->arena, ns_idx, hash, k->buf, k->len, alloc, discard, ctx);
+   floor = cqc_floor_behind (&c->floor, &c->arena, ns_idx, db_idx, hash, filter, flen, &own);
+   if (floor == CQC_FLOOR_IF_OWN) {
+      behind = !lookup_own (c, ns_idx, hash, k, own, alloc, discard, ctx, &r);
+   } else {
+      behind = floor == CQC_FLOOR_BEHIND;
+      r = cqc_arena_r_lookup (&c->arena, ns_idx, hash, k->buf, k->len, alloc, discard, ctx);
+   }
    if (r == CQC_LOOKUP_MISS) {
       c->misses++;
       return CQC_SERVE_MISS;
@@ -396,7 +445,8 @@ cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor
                                       : cqc_admit (&c->writer, adm, &key_hash);
 
    if ((r == CQC_ADMIT_OK || r == CQC_ADMIT_QUEUED) && key_hash) {
-      cqc_floor_memo (&c->floor, adm->token.db_idx, key_hash, memo_floor, memo_epoch);
+      cqc_floor_memo (&c->floor, adm->token.db_idx, key_hash, memo_floor, memo_epoch,
+                      cqc_floor_value_hash (adm->value, adm->vlen, adm->not_found));
    }
    return r;
 }

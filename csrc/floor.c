@@ -63,22 +63,29 @@ memo_current (const cqc_floor_t *f, const cqc_memo_t *m)
 }
 
 static bool
-memo_allows (const cqc_floor_t *f, uint32_t db_idx, uint64_t hash)
+memo_allows (const cqc_floor_t *f, uint32_t db_idx, uint64_t hash, uint64_t *value)
 {
    const cqc_memo_t *bucket = &f->memo[(hash % CQC_MEMO_BUCKETS) * CQC_MEMO_WAYS];
    uint32_t w;
 
    for (w = 0; w < CQC_MEMO_WAYS; w++) {
       if (bucket[w].hash == hash && bucket[w].db_idx == db_idx && memo_current (f, &bucket[w])) {
+         *value = bucket[w].value;
          return true;
       }
    }
    return false;
 }
 
+uint64_t
+cqc_floor_value_hash (const uint8_t *value, size_t len, bool not_found)
+{
+   return not_found ? 0 : cqc_hash_bytes (value, len, 0x6d656d6fu) | 1u;
+}
+
 void
 cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts,
-                uint64_t epoch)
+                uint64_t epoch, uint64_t value)
 {
    cqc_memo_t *bucket, *slot = NULL;
    uint32_t w;
@@ -100,7 +107,7 @@ cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t flo
    if (!slot) {
       slot = &bucket[f->memo_next++ % CQC_MEMO_WAYS];
    }
-   *slot = (cqc_memo_t){key_hash, floor_ts, epoch, db_idx, 1};
+   *slot = (cqc_memo_t){key_hash, floor_ts, epoch, value, db_idx, 1};
 }
 
 /* ======================================================================== */
@@ -187,17 +194,24 @@ pending_blocks (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t 
 /* The check                                                                */
 /* ======================================================================== */
 
-bool
+int
 cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
-                  uint64_t key_hash, const uint8_t *filter, uint32_t flen)
+                  uint64_t key_hash, const uint8_t *filter, uint32_t flen, uint64_t *value)
 {
+   int verdict = CQC_FLOOR_SERVE;
+
    if (db_idx >= f->db_count) {
-      return true;
+      return CQC_FLOOR_BEHIND;
    }
    if (cqc_arena_r_applied (a, db_idx) < f->ts[db_idx] &&
-       (!f->ns[db_idx] || cqc_arena_r_quiet (a, db_idx) < f->ns[db_idx]) &&
-       !memo_allows (f, db_idx, key_hash)) {
-      return true;
+       (!f->ns[db_idx] || cqc_arena_r_quiet (a, db_idx) < f->ns[db_idx])) {
+      if (!memo_allows (f, db_idx, key_hash, value)) {
+         return CQC_FLOOR_BEHIND;
+      }
+      verdict = CQC_FLOOR_IF_OWN;
    }
-   return f->pending_used && pending_blocks (f, a, ns_idx, db_idx, filter, flen);
+   if (f->pending_used && pending_blocks (f, a, ns_idx, db_idx, filter, flen)) {
+      return CQC_FLOOR_BEHIND;
+   }
+   return verdict;
 }

@@ -16,8 +16,11 @@
  *    read is the newest thing the process observed from its database
  *    reflects everything the process has seen there: its entry may be
  *    served before the stream catches up. MEMO_WAYS entries per bucket,
- *    matched by the key's 64-bit hash. An entry stands while its database's
- *    floor and memo epoch are the ones its miss ended with. The caller
+ *    matched by the key's 64-bit hash, and only for the very result the
+ *    miss admitted (a hash of its bytes; in a shared cache the entry under
+ *    the key may be another worker's admission of an older read, admitted
+ *    while this one waited in its ring). An entry stands while its
+ *    database's floor and memo epoch are the ones its miss ended with. The caller
  *    moves the epoch on when it observes something of an operation that
  *    overlapped another: that operation may have returned something newer
  *    than a miss that ended meanwhile (its reply may even be what raised
@@ -48,6 +51,7 @@ typedef struct {
    uint64_t hash;
    uint64_t floor_ts;
    uint64_t epoch; /* the memo epoch its miss ended with */
+   uint64_t value; /* cqc_floor_value_hash of the result it admitted */
    uint32_t db_idx;
    uint32_t used;
 } cqc_memo_t;
@@ -90,16 +94,25 @@ bool cqc_floor_observe_id (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx
                            uint64_t ns);
 
 /* Whether an entry found under this key (hash, namespace, filter) may be
- * older than what the process has observed, and so must not be served.
- * Reads the database's applied and quiet times (acquire): the lookup made
- * after this call sees every invalidation they cover. */
-bool cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
-                       uint64_t key_hash, const uint8_t *filter, uint32_t flen);
+ * older than what the process has observed, and so must not be served:
+ * CQC_FLOOR_SERVE, CQC_FLOOR_BEHIND, or CQC_FLOOR_IF_OWN: served only if it
+ * is the result the process's own miss admitted, whose
+ * cqc_floor_value_hash is then in *value. Reads the database's applied and
+ * quiet times (acquire): the lookup made after this call sees every
+ * invalidation they cover. */
+#define CQC_FLOOR_SERVE 0
+#define CQC_FLOOR_BEHIND 1
+#define CQC_FLOOR_IF_OWN 2
+int cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
+                      uint64_t key_hash, const uint8_t *filter, uint32_t flen, uint64_t *value);
+
+/* The hash a memo keeps of a result: of its bytes, or 0 for "not found". */
+uint64_t cqc_floor_value_hash (const uint8_t *value, size_t len, bool not_found);
 
 /* Remember a key this process's own miss admitted, with the database floor
- * its read stands for (0: none; see the memo above) and the memo epoch it
- * ended with. */
+ * its read stands for (0: none; see the memo above), the memo epoch it
+ * ended with, and the cqc_floor_value_hash of what it admitted. */
 void cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts,
-                     uint64_t epoch);
+                     uint64_t epoch, uint64_t value);
 
 #endif

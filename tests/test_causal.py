@@ -19,8 +19,11 @@ applies nothing.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,9 +35,9 @@ from pymongo.client_session import ClientSession
 from pymongo.errors import InvalidOperation, OperationFailure
 
 from benchmarks._proxy import FaultProxy
-from client_query_cache import BypassReason, CacheConfigurationError, CausalListener
+from client_query_cache import BypassReason, CacheConfigurationError, CacheManager, CausalListener, SharedCache
 from client_query_cache.testing import external_uri
-from support import DEADLINE_S, TEST_MAX_AWAIT_MS, Driver, bypass_delta, ready_collection
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, Driver, bypass_delta, ready_collection, wait_until
 
 pytestmark = pytest.mark.skipif(
     not hasattr(ClientSession, "bind"), reason="ClientSession.bind() needs PyMongo 4.17"
@@ -405,6 +408,60 @@ def test_a_miss_that_ends_after_a_newer_read_is_not_served_ahead_of_the_stream(
             assert coll.find_one({"k": "a"})["v"] == 2
     finally:
         mongo.close()
+
+
+def test_a_workers_own_miss_never_serves_another_workers_older_entry(
+    server_uri, client, other_client, db_name, proxy, runtime_dir
+):
+    # Shared cache: worker 1 read version 1; a write makes version 2; worker
+    # 2 misses, reads version 2 and queues its admission, but worker 1's
+    # admission of version 1 reached the arena first (between worker 2's
+    # lookup and its read). Worker 2 has returned version 2: the entry under
+    # the key is not the result its own miss admitted, so it must not be
+    # served to worker 2 before the stream has applied the write.
+    _seed(client, db_name)
+    owner = SharedCache.start(f"cqc-{uuid.uuid4().hex[:12]}", proxy.uri, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    # The workers' clients name the proxy as a seed too, so that the owner
+    # (whose stream goes through it) follows their deployment; their reads
+    # go to the member the server names, not through the proxy.
+    seeds = f"{urlsplit(server_uri).netloc},{urlsplit(proxy.uri).netloc}"
+    clients = [pymongo.MongoClient(f"mongodb://{seeds}/") for _ in range(2)]
+    managers: list[CacheManager] = []
+    try:
+        for mongo in clients:
+            managers.append(CacheManager(mongo, shared=owner.name, max_await_time_ms=TEST_MAX_AWAIT_MS))
+        w1, w2 = managers
+        c1, c2 = (ready_collection(m, db_name, "items") for m in managers)
+        for coll in (c1, c2):
+            assert coll.find_one({"_id": 99}) is None  # the collection is probed
+        wait_until(lambda: owner.snapshot()["admissions_accepted"] == 2, what="both workers' entries are in the arena")
+        held: list[tuple[Any, ...]] = []
+        real_admit = w1._engine.admit
+        w1._engine.admit = lambda *args, **kwargs: held.append((args, kwargs))
+        assert c1.find_one({"_id": 1})["v"] == 1
+        w1._engine.admit = real_admit
+        [(args, kwargs)] = held
+
+        def admit_worker_1() -> None:
+            real_admit(*args, **kwargs)
+            wait_until(lambda: owner.snapshot()["admissions_accepted"] == 3, what="worker 1's entry is in the arena")
+
+        with _held(proxy):
+            other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+            w2._engine.hooks.after_capture = admit_worker_1
+            w2._engine.hooks.before_admit = lambda: os.kill(owner.pid, signal.SIGSTOP)
+            try:
+                assert c2.find_one({"_id": 1})["v"] == 2
+                w2._engine.hooks.after_capture = w2._engine.hooks.before_admit = None
+                assert c2.find_one({"_id": 1})["v"] == 2
+            finally:
+                os.kill(owner.pid, signal.SIGCONT)
+    finally:
+        for m in managers:
+            m.close()
+        for mongo in clients:
+            mongo.close()
+        owner.stop(timeout=10)
 
 
 def test_after_takes_a_timestamp_or_none(manager):
