@@ -205,13 +205,15 @@ def _built_wheel(session: nox.Session) -> Path:
 
 
 def _stage_tests(work: Path) -> None:
-    """Copy tests/, benchmarks/, examples/ and docs/ (the example's test runs
-    the app; the API and error references are checked against the installed
-    package) and the installed-wheel checks to ``work``, outside the source
-    tree, with the pytest options as a pytest.ini."""
+    """Copy tests/, benchmarks/, examples/, docs/ and README.md (the
+    example's test runs the app; the API and error references are checked
+    against the installed package; README's usage examples are run) and the
+    installed-wheel checks to ``work``, outside the source tree, with the
+    pytest options as a pytest.ini."""
     for name in ("tests", "benchmarks", "examples", "docs"):
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
+    for name in ("README.md", ".ci/installed_wheel.py"):
+        shutil.copy2(ROOT / name, work)
     _pytest_ini(work / "pytest.ini")
 
 
