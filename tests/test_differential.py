@@ -357,7 +357,7 @@ def family(draw: st.DrawFn) -> list[Read]:
         else:
             kwargs = {"skip": params["skip"], **({"limit": params["limit"]} if params["limit"] else {})}
             out.append(("read", "count_documents", (f,), kwargs, None))
-        part = draw(st.sampled_from(["limit", "limit", "limit", "skip", "skip", "projection", "sort", "flip"]))
+        part = draw(st.sampled_from(["limit", "limit", "limit", "skip", "skip", "projection", "sort", "flip", "flip"]))
         if part == "flip":
             params["sort"] = _flipped(params["sort"])
         else:
