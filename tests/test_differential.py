@@ -525,10 +525,15 @@ class Harness:
         with self.writer.start_session(causal_consistency=False) as session:
             self.writer[self.db][MARKER].insert_one({}, session=session)
             written = session.operation_time
-        await async_wait_until(
-            lambda: (t := self.applied()) is not None and t >= written,
-            what=f"the {self.mode} stream applies the writes (at {written})",
-        )
+        try:
+            await async_wait_until(
+                lambda: (t := self.applied()) is not None and t >= written,
+                what=f"the {self.mode} stream applies the writes (at {written})",
+            )
+        except AssertionError as exc:
+            # What the stream was doing, to tell a stall from a slow machine.
+            owner = self.owner.snapshot() if self.owner is not None else None
+            raise AssertionError(f"{exc}: {self.manager.snapshot()!r}; owner: {owner!r}") from None
 
     # -- one example -------------------------------------------------------------
 
