@@ -23,6 +23,7 @@ from typing import Any
 
 import pymongo
 import pytest
+from pymongo import monitoring
 
 from client_query_cache import AsyncCacheManager, CacheClosedError, StreamState
 from client_query_cache.testing import DisposableServer, external_uri
@@ -179,6 +180,41 @@ def fp_client(failpoint_server: DisposableServer) -> Iterator[pymongo.MongoClien
         mongo.close()
 
 
+class _Finds(monitoring.CommandListener, monitoring.ConnectionPoolListener):
+    """The ``find`` commands of a client and its closed connections, as
+    PyMongo reports them: a read is over for the client once its command
+    ended (succeeded, or failed, as a cancelled one does) and no connection
+    it could still be answered on is open."""
+
+    def __init__(self) -> None:
+        self.running: set[int] = set()  # request ids
+        self.ended: list[int] = []
+        self.closed_connections = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "find":
+            self.running.add(event.request_id)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        self._end(event.request_id)
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        self._end(event.request_id)
+
+    def _end(self, request_id: int) -> None:
+        if request_id in self.running:
+            self.running.discard(request_id)
+            self.ended.append(request_id)
+
+    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None:
+        self.closed_connections += 1
+
+    def __getattr__(self, name: str) -> Any:  # the other pool events
+        if name.startswith(("pool_", "connection_")):
+            return lambda event: None
+        raise AttributeError(name)
+
+
 class Blocked:
     """An AsyncCacheManager over a client whose ``find`` commands can be held
     by the server (the failpoint matches this client's appName only)."""
@@ -187,7 +223,10 @@ class Blocked:
         self.fp_client = fp_client
         self.app_name = f"cqc-async-blocked-{uuid.uuid4().hex[:8]}"
         self.db_name = f"cqc_blocked_{uuid.uuid4().hex[:12]}"
-        self.reader: pymongo.AsyncMongoClient = pymongo.AsyncMongoClient(uri, appName=self.app_name)
+        self.finds = _Finds()
+        self.reader: pymongo.AsyncMongoClient = pymongo.AsyncMongoClient(
+            uri, appName=self.app_name, event_listeners=[self.finds]
+        )
         self.manager = AsyncCacheManager(self.reader, max_await_time_ms=TEST_MAX_AWAIT_MS)
 
     def block_next_find(self, block_ms: int) -> None:
@@ -236,14 +275,13 @@ async def _start_blocked_miss(blocked: Blocked, coll: Any, _id: Any, block_ms: i
 @pytest.mark.parametrize("how", ["task_cancel", "wait_for_timeout"])
 async def test_a_miss_cancelled_while_the_server_holds_its_read_admits_nothing(blocked, how):
     block_ms = 2000
-    loop = asyncio.get_running_loop()
     cache, items = blocked.manager, blocked.fp_client[blocked.db_name].items
     items.insert_many([{"_id": i, "v": i} for i in range(1, 4)])
     coll = await async_ready_collection(cache, blocked.db_name, "items")
     await _cache_twice(cache, coll, 2, {"_id": 2, "v": 2})
     before = cache.snapshot()
-
-    held_since = loop.time()
+    closed_before = blocked.finds.closed_connections
+    offered: list[bool] = []
     if how == "task_cancel":
         task = await _start_blocked_miss(blocked, coll, 1, block_ms)
         # While the read is held, hits and other misses are served at once:
@@ -265,10 +303,17 @@ async def test_a_miss_cancelled_while_the_server_holds_its_read_admits_nothing(b
         expected_admissions = before.admissions
 
     assert cache.snapshot().admissions == expected_admissions
-    # Even once the server has answered the held read (too late for anyone),
-    # nothing was admitted or offered for admission. (Waiting for nothing to
-    # happen: a sleep is the check.)
-    await asyncio.sleep(max(0.0, held_since + block_ms / 1000 + 0.3 - loop.time()))
+    cache._engine.hooks.before_admit = lambda: offered.append(True)
+    # The held read is over for the client: its find ended (PyMongo reports
+    # the cancelled command failed) and its connection is closed, so the
+    # server's late answer reaches no one. Nothing was admitted or offered
+    # for admission, then or since.
+    await async_wait_until(
+        lambda: not blocked.finds.running and blocked.finds.closed_connections > closed_before,
+        what="PyMongo ends the held find and closes its connection",
+    )
+    cache._engine.hooks.before_admit = None
+    assert offered == [], "the cancelled read offered an admission"
     after = cache.snapshot()
     assert after.admissions == expected_admissions
     assert after.rejected_admissions == before.rejected_admissions
