@@ -248,6 +248,66 @@ def exit_code(problems: Sequence[str], headline: str = "CHECKS FAILED:") -> int:
     return 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A figure a full run is held to (docs/benchmarks.md, "Targets"): a dotted
+    path into the report, where ``*`` stands for every key at that level (the
+    worst of them is judged), and a bound."""
+
+    figure: str
+    op: str  # "<=" or ">="
+    bound: float
+
+
+def _values(node: Any, parts: Sequence[str]) -> list[float]:
+    if not parts:
+        return [float(node)] if isinstance(node, (int, float)) and not isinstance(node, bool) else []
+    if not isinstance(node, dict):
+        return []
+    keys = list(node) if parts[0] == "*" else [parts[0]] if parts[0] in node else []
+    return [v for k in keys for v in _values(node[k], parts[1:])]
+
+
+def verdict(report: dict[str, Any], targets: Sequence[Target], quick: bool) -> dict[str, Any]:
+    """The run's one verdict: its checks, then (in a full run) its targets.
+    A quick run's figures come from too few samples to judge: it is a smoke
+    check, its targets shown but not judged."""
+    judged = []
+    for t in targets:
+        values = _values(report, t.figure.split("."))
+        value = (max if t.op == "<=" else min)(values) if values else None
+        met = None if quick or value is None else (value <= t.bound if t.op == "<=" else value >= t.bound)
+        judged.append({"figure": t.figure, "target": f"{t.op} {t.bound:g}", "value": value, "met": met})
+    checks = report.get("checks")
+    if checks is not None and not checks["passed"]:
+        status = "checks failed"
+    elif quick and judged:
+        status = "smoke check"
+    elif any(j["met"] is not True for j in judged):
+        status = "targets missed"
+    else:
+        status = "passed"
+    return {"status": status, "quick": quick, "targets": judged}
+
+
+def print_verdict(v: dict[str, Any]) -> None:
+    if v["targets"]:
+        print("targets (judged in a full run):")
+        for j in v["targets"]:
+            value = "-" if j["value"] is None else f"{j['value']:.4g}"
+            met = {True: "met", False: "MISSED", None: "not judged"}[j["met"]]
+            print(f"  {j['figure']:<52} {j['target']:<10} {value:>10}  {met}")
+    line = {
+        "passed": "passed: every check holds" + (" and every target is met" if v["targets"] else ""),
+        "checks failed": "FAILED: a check failed (listed on stderr)",
+        "targets missed": "targets missed: "
+        + ", ".join(j["figure"] for j in v["targets"] if j["met"] is not True),
+        "smoke check": "smoke check: a quick run's figures come from too few samples to compare with "
+        "the targets or the published figures (run without --quick for those)",
+    }[v["status"]]
+    print(f"verdict: {line}")
+
+
 def conclude(
     report: dict[str, Any],
     problems: Sequence[str] | None,
@@ -255,12 +315,18 @@ def conclude(
     json_path: str | None,
     elapsed: bool = False,
     headline: str = "CHECKS FAILED:",
+    targets: Sequence[Target] = (),
+    quick: bool = False,
 ) -> int:
     """The end of a benchmark: record the checks in the report (``None``:
-    it has none), print it, write it as JSON if asked, and return the exit code."""
+    it has none) and the verdict, print them, write the report as JSON if
+    asked, and return the exit code (the checks' alone: targets are
+    performance figures of a shared machine, reported, never a failure)."""
     if problems is not None:
         report["checks"] = {"passed": not problems, "problems": list(problems)}
+    report["verdict"] = verdict(report, targets, quick)
     print_report(report)
+    print_verdict(report["verdict"])
     if json_path:
         write_json(json_path, report)
         print(f"wrote {json_path}")

@@ -396,6 +396,14 @@ def _print(report: dict[str, Any]) -> None:
     )
 
 
+#: What a full run is held to (README's figures; docs/benchmarks.md, "Targets"):
+#: the worst operation of each phase.
+TARGETS = (
+    kit.Target("ratios.*.hot_cached_over_direct_p50", "<=", 0.2),
+    kit.Target("ratios.*.cold_cached_over_direct_p50", "<=", 1.1),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = kit.parser("collection_reads", __doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run (fewer documents and samples)")
@@ -412,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         report = run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000)
     report["mode"] = "quick" if args.quick else "full"
     report["elapsed_seconds"] = time.perf_counter() - started
-    return kit.conclude(report, None, _print, args.json, elapsed=True) or kit.exit_code(report["checks"]["problems"])
+    code = kit.conclude(report, None, _print, args.json, elapsed=True, targets=TARGETS, quick=args.quick)
+    return code or kit.exit_code(report["checks"]["problems"])
 
 
 if __name__ == "__main__":

@@ -328,6 +328,15 @@ def _print(report: dict[str, Any]) -> None:
         print(f"shared/local hit p50: {ratios['shared_over_local_p50']:.3f}")
 
 
+#: What a full run is held to (README's figures; docs/benchmarks.md, "Targets").
+TARGETS = (
+    kit.Target("ratios.hit_over_direct_p50", "<=", 0.1),
+    kit.Target("ratios.async_hit_over_direct_p50", "<=", 0.1),
+    kit.Target("ratios.hit_over_decode_p50", "<=", 1.3),
+    kit.Target("ratios.async_hit_over_decode_p50", "<=", 1.3),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = kit.parser("hit_path", __doc__, seed=20261203)
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
@@ -341,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"measuring {samples} samples...")
         report = _run(uri, args.documents, samples, args.seed, args.shared)
     report["mode"] = "quick" if args.quick else "full"
-    return kit.conclude(report, None, _print, args.json)
+    return kit.conclude(report, None, _print, args.json, targets=TARGETS, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -637,6 +637,18 @@ def _print_table(report: dict[str, Any]) -> None:
             print(f"    {key:<36} {s[key]:.3f}")
 
 
+#: What a full run is held to (README's figures; docs/benchmarks.md, "Targets").
+TARGETS = tuple(
+    kit.Target(f"summary.{mode}.{figure}", op, bound)
+    for mode in MODES
+    for figure, op, bound in (
+        ("shared_over_direct_hot_p50", "<=", 0.05),
+        ("shared_over_independent_hot_p50", "<=", 1.1),
+        ("pss_shared_over_independent_hot", "<=", 0.8),
+    )
+)
+
+
 def _plot(path: str, windows: list[dict[str, Any]], report: dict[str, Any]) -> None:
     import matplotlib
 
@@ -867,7 +879,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["elapsed_seconds"] = time.perf_counter() - started
     problems = _checks(windows, args.workers)
     headline = "CHECKS FAILED (the figures above are not what this benchmark means to measure):"
-    code = kit.conclude(report, problems, _print_table, args.output, headline=headline)
+    code = kit.conclude(
+        report, problems, _print_table, args.output, headline=headline, targets=TARGETS, quick=args.quick
+    )
     if args.png:
         _plot(args.png, windows, report)
         print(f"wrote {args.png}")
