@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import json
 import math
 import multiprocessing
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,21 @@ def csv(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
         return items
 
     return parse
+
+
+def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]], indent: str = "") -> None:
+    """Print ``rows`` under a header and a rule. A column is (title, format spec),
+    for example ("p50 us", ">9.1f"); its title takes the spec's alignment and width."""
+    heads = []
+    for title, spec in columns:
+        align = spec[0] if spec[:1] in ("<", ">", "^") else ">"
+        width = "".join(itertools.takewhile(str.isdigit, spec.lstrip("<>^")))
+        heads.append(f"{title:{align}{width}}")
+    head = " ".join(heads)
+    print(indent + head)
+    print(indent + "-" * len(head))
+    for row in rows:
+        print(indent + " ".join(format(value, spec) for value, (_, spec) in zip(row, columns, strict=True)))
 
 
 def machine_facts() -> dict[str, Any]:
