@@ -615,3 +615,15 @@ class Pool:
                 p.join(5)
         self.shared.results.close()
         self.shared.results.join_thread()
+
+
+# -- added for workloads/collection_reads --
+
+
+def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) -> dict[str, int]:
+    """What a manager counted between two snapshots: each of ``names``, then
+    its bypasses as ``bypass_split`` splits them, ``bypasses`` (any reason
+    but the causal floor) and ``behind`` (the causal floor)."""
+    out = {name: getattr(after, name) - getattr(before, name) for name in names}
+    out["bypasses"], out["behind"] = bypass_split(before, after)
+    return out

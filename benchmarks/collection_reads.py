@@ -5,13 +5,15 @@ Reference: docs/benchmarks.md, "Harness reference", `benchmarks.collection_reads
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import itertools
 import random
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymongo
@@ -20,13 +22,14 @@ from pymongo.read_concern import ReadConcern
 from client_query_cache import CacheManager
 
 from . import _kit as kit
-from ._kit import bypass_split, make_document, progress, summarize, warm_until_hits
+from ._kit import make_document, progress, summarize, warm_until_hits
 from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, initial_versions, judge
 
 SCHEMA = "client-query-cache/collection-reads/2"
 HOT_GROUPS = 16
 HOT_BUCKETS = 4
 BUCKETS = 20
+PHASES = ("hot", "cold", "writer")
 #: ``make_document``'s version; the writer sets the next one each time.
 INITIAL_VERSION = 1
 #: The least share of the writer phase's cached reads (all operations
@@ -35,7 +38,6 @@ INITIAL_VERSION = 1
 #: docs/benchmarks.md for the figures it was chosen from).
 MIN_WRITER_HIT_FRACTION = 0.03
 VIOLATIONS = ("stale_reads", "monotonic_violations", "impossible_reads")
-PHASES = ("hot", "cold", "writer")
 
 #: What a full run is held to (README's figures; docs/benchmarks.md, "Targets"):
 #: the worst operation of each phase.
@@ -49,22 +51,14 @@ BOUNDS = {t.figure.rsplit(".", 1)[1]: t.bound for t in TARGETS}
 # name -> (method, builder of (args, kwargs) from (group, bucket, extra filter))
 Op = Callable[[int, int, dict[str, Any]], tuple[str, tuple[Any, ...], dict[str, Any]]]
 OPERATIONS: dict[str, Op] = {
-    "find_one": lambda g, b, x: (
-        "find_one", ({"group": g, "age": {"$gte": 18}, **x},), {"sort": [("_id", -1)]}
-    ),
+    "find_one": lambda g, b, x: ("find_one", ({"group": g, "age": {"$gte": 18}, **x},), {"sort": [("_id", -1)]}),
     "find_small": lambda g, b, x: ("find", ({"group": g, **x},), {"sort": [("_id", 1)]}),
     "find_large": lambda g, b, x: ("find", ({"bucket": b, **x},), {"sort": [("_id", 1)]}),
-    "aggregate": lambda g, b, x: (
-        "aggregate",
-        (
-            [
-                {"$match": {"group": g, **x}},
-                {"$group": {"_id": "$address.city", "n": {"$sum": 1}, "age": {"$avg": "$age"}}},
-                {"$sort": {"_id": 1}},
-            ],
-        ),
-        {},
-    ),
+    "aggregate": lambda g, b, x: ("aggregate", ([
+        {"$match": {"group": g, **x}},
+        {"$group": {"_id": "$address.city", "n": {"$sum": 1}, "age": {"$avg": "$age"}}},
+        {"$sort": {"_id": 1}},
+    ],), {}),
     "count": lambda g, b, x: ("count_documents", ({"bucket": b, "age": {"$gte": 40}, **x},), {}),
     "distinct": lambda g, b, x: ("distinct", ("address.city", {"group": g, **x}), {}),
 }  # fmt: skip
@@ -104,16 +98,6 @@ def _writer(uri: str, db: str, docs: int, interval: float, stop: Any, count: Any
         client.close()
 
 
-class _Exact:
-    """Hot and cold phases: the cached result must equal the direct one."""
-
-    def before(self) -> tuple[int, int]:
-        return 0, 0
-
-    def differs(self, op_name: str, cached: Any, direct: Any, stamp: tuple[int, int, int]) -> bool:
-        return bool(cached != direct)
-
-
 class _UnderWrites:
     """Writer phase: the two reads of a sample may straddle a write, which
     changes only documents' ``version``. So the cached result must equal the
@@ -150,137 +134,108 @@ def _unversioned(docs: list[Any]) -> list[Any]:
     return [None if d is None else {k: v for k, v in d.items() if k != "version"} for d in docs]
 
 
-def _sample(
-    cached: Any, direct: Any, op: Any, first_cached: bool, checker: _Exact | _UnderWrites
-) -> tuple[tuple[int, int], tuple[Any, Any], tuple[int, int, int]]:
-    """One sample: the cached and the direct read in the given order; their
-    times and results (cached first) and the cached read's (applied time,
-    start, end) for the oracle, taken outside the timed region."""
+@dataclasses.dataclass
+class _Bench:
+    """What every phase reads with: the manager, the cached and the direct
+    collection, the samples per operation, the seeded choices from the hot set."""
+
+    manager: CacheManager
+    cached: Any
+    direct: Any
+    samples: int
+    rng: random.Random
+    groups: list[int]
+    buckets: list[int]
+    #: The cold phase's k of ``{"_id": {"$ne": -k}}``, new for every sample.
+    cold: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
+
+
+def _phase(b: _Bench, name: str, checker: _UnderWrites | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Time every operation ``b.samples`` times, cached and direct back to
+    back; the cached result must equal the direct one (under writes,
+    ``checker`` compares and judges what each sample returned)."""
     clock = time.perf_counter_ns
-    times, got = [0, 0], [None, None]
-    stamp = (0, 0, 0)
-    for which in ((cached, direct) if first_cached else (direct, cached)):
-        n = 0 if which is cached else 1
-        applied, start = checker.before() if n == 0 else (0, 0)
-        t0 = clock()
-        got[n] = _call(which, op)
-        t1 = clock()
-        times[n] = t1 - t0
-        if n == 0:
-            stamp = (applied, start, time.monotonic_ns())
-    return (times[0], times[1]), (got[0], got[1]), stamp
-
-
-def _phase(
-    name: str,
-    manager: CacheManager,
-    cached: Any,
-    direct: Any,
-    samples: int,
-    rng: random.Random,
-    groups: list[int],
-    buckets: list[int],
-    cold_counter: list[int],
-    checker: _Exact | _UnderWrites,
-) -> tuple[dict[str, Any], list[str]]:
-    """Time every operation ``samples`` times, cached and direct back to back;
-    ``checker`` compares and judges what each sample returned."""
     results: dict[str, Any] = {}
     problems: list[str] = []
     for op_name, build in OPERATIONS.items():
-        t_cached: list[int] = []
-        t_direct: list[int] = []
+        ns: tuple[list[int], list[int]] = ([], [])  # cached, direct
         mismatches = 0
-        before = manager.snapshot()
+        before = b.manager.snapshot()
         gc.collect()
-        for n in range(samples):
-            extra: dict[str, Any] = {}
-            if name == "cold":
-                cold_counter[0] += 1
-                extra = {"_id": {"$ne": -cold_counter[0]}}
-            op = build(rng.choice(groups), rng.choice(buckets), extra)
-            times, got, stamp = _sample(cached, direct, op, n % 2 == 0, checker)
-            t_cached.append(times[0])
-            t_direct.append(times[1])
-            mismatches += checker.differs(op_name, got[0], got[1], stamp)
-        after = manager.snapshot()
-        hits, misses = after.hits - before.hits, after.misses - before.misses
-        admitted = after.admissions - before.admissions
-        c, d = summarize(t_cached), summarize(t_direct)
-        results[op_name] = {
-            "cached": c,
-            "direct": d,
-            "cached_over_direct_p50": c["p50_us"] / d["p50_us"],
-            "hits": hits,
-            "misses": misses,
-            "admissions": admitted,
-            "mismatches": mismatches,
-        }
+        for n in range(b.samples):
+            extra = {"_id": {"$ne": -next(b.cold)}} if name == "cold" else {}
+            op = build(b.rng.choice(b.groups), b.rng.choice(b.buckets), extra)
+            # The cached and the direct read, in alternating order; for the
+            # oracle, the cached read's (applied time, start, end), taken
+            # outside the timed region.
+            got, stamp = [None, None], (0, 0, 0)
+            for which in (0, 1) if n % 2 == 0 else (1, 0):
+                applied, start = checker.before() if checker is not None and which == 0 else (0, 0)
+                t0 = clock()
+                got[which] = _call((b.cached, b.direct)[which], op)
+                ns[which].append(clock() - t0)
+                if which == 0:
+                    stamp = (applied, start, time.monotonic_ns())
+            mismatches += checker.differs(op_name, *got, stamp) if checker else got[0] != got[1]
         # Reads sent to MongoDB by the causal floor (the stream had not yet
-        # applied what the process had seen) are counted apart: any other
-        # bypass is a problem.
-        results[op_name]["bypasses"], results[op_name]["behind"] = bypass_split(before, after)
+        # applied what the process had seen) are counted apart, as ``behind``:
+        # any other bypass is a problem.
+        counts = kit.counted(before, b.manager.snapshot(), ("hits", "misses", "admissions"))
+        c, d = summarize(ns[0]), summarize(ns[1])
+        r = results[op_name] = {"cached": c, "direct": d, "cached_over_direct_p50": c["p50_us"] / d["p50_us"]}
+        r.update(counts, mismatches=mismatches)
+        hits, misses, admitted = counts["hits"], counts["misses"], counts["admissions"]
         if mismatches:
             problems.append(f"{name}/{op_name}: {mismatches} cached results differ from the direct read")
-        if results[op_name]["bypasses"]:
-            problems.append(f"{name}/{op_name}: {results[op_name]['bypasses']} reads bypassed the cache")
-        if name == "hot" and hits != samples:
-            problems.append(f"hot/{op_name}: {hits} hits for {samples} reads")
-        if name == "cold" and (misses != samples or admitted != samples):
-            problems.append(f"cold/{op_name}: {misses} misses, {admitted} admissions for {samples} reads")
+        if r["bypasses"]:
+            problems.append(f"{name}/{op_name}: {r['bypasses']} reads bypassed the cache")
+        if name == "hot" and hits != b.samples:
+            problems.append(f"hot/{op_name}: {hits} hits for {b.samples} reads")
+        if name == "cold" and (misses != b.samples or admitted != b.samples):
+            problems.append(f"cold/{op_name}: {misses} misses, {admitted} admissions for {b.samples} reads")
         progress(
             f"  {name:<6} {op_name:<10} cached p50 {c['p50_us']:9.1f} us  direct p50 {d['p50_us']:9.1f} us  "
-            f"ratio {results[op_name]['cached_over_direct_p50']:.3f}  hits {hits}/{samples}"
+            f"ratio {r['cached_over_direct_p50']:.3f}  hits {hits}/{b.samples}"
         )
     return results, problems
 
 
 def _writer_phase(
-    uri: str,
-    db_name: str,
-    documents: int,
-    write_interval: float,
-    manager: CacheManager,
-    readers: tuple[Any, Any],
-    samples: int,
-    rng: random.Random,
-    hot: tuple[list[int], list[int]],
-    cold_counter: list[int],
-    phases: dict[str, Any],
+    uri: str, db_name: str, documents: int, interval: float, b: _Bench, phases: dict[str, Any]
 ) -> list[str]:
     """The writer phase: another process writes while the samples run; every
     sample is compared and judged (``_UnderWrites``). Fills ``phases``
     (``writer``, ``writer_updates``, ``writer_judgement``); returns the
     problems."""
-    progress(f"writer phase: one update every {write_interval * 1000:.0f} ms from another process")
+    progress(f"writer phase: one update every {interval * 1000:.0f} ms from another process")
     ctx = kit.context()
     stop, count, log = ctx.Event(), ctx.Value("l", 0), ctx.Queue()
-    writer = kit.spawn(_writer, uri, db_name, documents, write_interval, stop, count, log)
-    checker = _UnderWrites(manager, db_name)
+    writer = kit.spawn(_writer, uri, db_name, documents, interval, stop, count, log)
+    checker = _UnderWrites(b.manager, db_name)
     try:
         deadline = time.monotonic() + 60
         while count.value == 0 and writer.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)  # the phase starts once writes are flowing
         started, first = time.perf_counter(), count.value
-        phases["writer"], problems = _phase("writer", manager, *readers, samples, rng, *hot, cold_counter, checker)
+        phases["writer"], problems = _phase(b, "writer", checker)
         elapsed, updates = time.perf_counter() - started, count.value - first
     finally:
         stop.set()
         done = log.get(timeout=60)  # the writer's log, put when it stops
         writer.join(30)
-    writes = [Write(*w) for w in done]
     phases["writer_updates"] = {"count": updates, "seconds": elapsed}
     if updates == 0:
         problems.append("writer phase: the writer made no update")
-    return problems + _judge_writer_phase(phases, checker.verdict(writes, documents), samples)
+    verdict = checker.verdict([Write(*w) for w in done], documents)
+    return problems + _judge_writer_phase(phases, verdict, b.samples)
 
 
 def _judge_writer_phase(phases: dict[str, Any], verdict: dict[str, Any], samples: int) -> list[str]:
     """The oracle's verdict and the hit fraction of the writer phase."""
     reads = samples * len(OPERATIONS)
     hits = sum(phases["writer"][op]["hits"] for op in OPERATIONS)
-    verdict.update({"reads": reads, "hits": hits, "hit_fraction": hits / reads if reads else 0.0})
-    verdict["min_hit_fraction"] = MIN_WRITER_HIT_FRACTION
+    hit_fraction = hits / reads if reads else 0.0
+    verdict.update(reads=reads, hits=hits, hit_fraction=hit_fraction, min_hit_fraction=MIN_WRITER_HIT_FRACTION)
     phases["writer_judgement"] = verdict
     problems = [f"writer phase: {verdict[key]} {key.replace('_', ' ')}" for key in VIOLATIONS if verdict[key]]
     problems += [f"writer phase: {e}" for e in verdict["examples"] if problems]
@@ -297,16 +252,13 @@ def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_in
     db_name = f"cqc_bench_{uuid.uuid4().hex[:12]}"
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     problems: list[str] = []
+    phases: dict[str, Any] = {}
     try:
         coll = client[db_name]["docs"]
         progress(f"inserting {documents} documents...")
-        docs = []
-        for i in range(documents):
-            d = make_document(i, rng, 1024)
-            d["group"] = i % groups
-            d["bucket"] = i % BUCKETS
-            docs.append(d)
-        coll.insert_many(docs)
+        coll.insert_many(
+            [{**make_document(i, rng, 1024), "group": i % groups, "bucket": i % BUCKETS} for i in range(documents)]
+        )
         # Indexes on the filtered fields, as an application would have them
         # (without them every read scans the collection on the server).
         coll.create_index("group")
@@ -315,46 +267,26 @@ def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_in
         hot_groups = rng.sample(range(groups), min(HOT_GROUPS, groups))
         hot_buckets = rng.sample(range(BUCKETS), HOT_BUCKETS)
         with CacheManager(client) as manager:
-            cached = manager[db_name]["docs"]
+            bench = _Bench(manager, manager[db_name]["docs"], direct, samples, rng, hot_groups, hot_buckets)
             if not manager.wait_ready(30, database=db_name):
                 raise RuntimeError("the change stream did not become ready")
             progress("warming up...")
-            for build in OPERATIONS.values():
-                for g in hot_groups:
-                    for b in hot_buckets:
-                        _call(direct, build(g, b, {}))
             hot = [build(g, b, {}) for build in OPERATIONS.values() for g in hot_groups for b in hot_buckets]
-            if not warm_until_hits(manager, [functools.partial(_call, cached, op) for op in hot], 30):
+            for op in hot:
+                _call(direct, op)
+            if not warm_until_hits(manager, [functools.partial(_call, bench.cached, op) for op in hot], 30):
                 raise RuntimeError("the hot reads are not all served from the cache after 30 s")
-            cold_counter = [0]
-            phases: dict[str, Any] = {}
             for phase in ("hot", "cold"):
                 progress(f"{phase} phase: {samples} samples per operation")
-                phases[phase], found = _phase(
-                    phase, manager, cached, direct, samples, rng, hot_groups, hot_buckets, cold_counter, _Exact()
-                )
+                phases[phase], found = _phase(bench, phase)
                 problems += found
-            problems += _writer_phase(
-                uri,
-                db_name,
-                documents,
-                write_interval,
-                manager,
-                (cached, direct),
-                samples,
-                rng,
-                (hot_groups, hot_buckets),
-                cold_counter,
-                phases,
-            )
+            problems += _writer_phase(uri, db_name, documents, write_interval, bench, phases)
     finally:
         client.drop_database(db_name)
         client.close()
     ratios = {
         op: {
-            "hot_cached_over_direct_p50": phases["hot"][op]["cached_over_direct_p50"],
-            "cold_cached_over_direct_p50": phases["cold"][op]["cached_over_direct_p50"],
-            "writer_cached_over_direct_p50": phases["writer"][op]["cached_over_direct_p50"],
+            **{f"{ph}_cached_over_direct_p50": phases[ph][op]["cached_over_direct_p50"] for ph in PHASES},
             "writer_hit_rate": phases["writer"][op]["hits"] / samples,
         }
         for op in OPERATIONS
@@ -362,15 +294,9 @@ def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_in
     return {
         "schema": SCHEMA,
         "config": {
-            "documents": documents,
-            "groups": groups,
-            "buckets": BUCKETS,
-            "hot_groups": HOT_GROUPS,
-            "hot_buckets": HOT_BUCKETS,
-            "samples": samples,
-            "seed": seed,
-            "write_interval_s": write_interval,
-        },
+            "documents": documents, "groups": groups, "buckets": BUCKETS, "hot_groups": HOT_GROUPS,
+            "hot_buckets": HOT_BUCKETS, "samples": samples, "seed": seed, "write_interval_s": write_interval,
+        },  # fmt: skip
         "machine": kit.machine_facts(),
         "phases": phases,
         "ratios": ratios,
