@@ -918,6 +918,16 @@ METHOD = {
     "0, and the workers must hit at least min_invalidation_hit_ratio of their reads",
     "quantiles": "nearest rank: index ceil(p/100*n)-1 of the sorted samples",
 }
+MATRIX_COLUMNS = (
+    ("mix", "<15"), ("size", "<7"), ("path", "<7"), ("reads", ">6"), ("writes", ">6"), ("rd p50", ">8.1f"),
+    ("rd p95", ">8.1f"), ("rd p99", ">8.1f"), ("wr p50", ">8.1f"), ("hits", ">6"), ("stale", ">5"), ("mono", ">5"),
+    ("ryw", ">5"), ("p50/direct", ">10"),
+)  # fmt: skip
+INVALIDATION_COLUMNS = (
+    ("path", "<7"), ("writes", ">6"), ("rd/wr", ">6.1f"), ("p50", ">8.0f"), ("p95", ">8.0f"), ("p99", ">8.0f"),
+    ("max", ">8.0f"), ("low p50", ">8.0f"), ("low p99", ">8.0f"), ("gap p50", ">8.0f"), ("ack p50", ">8.0f"),
+    ("hits", ">6.0%"), ("stale after", ">11"), ("stale", ">5"), ("mono", ">5"), ("unobserved", ">10"),
+)  # fmt: skip
 
 
 def build_report(
@@ -982,81 +992,32 @@ def checks(report: dict[str, Any]) -> list[str]:
     return problems
 
 
-def print_tables(report: dict[str, Any], out: Any = None) -> None:
-    out = out or sys.stdout
-    if report["cells"]:
-        _print_matrix(report, out)
-    _print_invalidation(report, out)
-
-
-def _print_matrix(report: dict[str, Any], out: Any) -> None:
-    par = report["parameters"]
-    print(
-        f"mix matrix: {par['keys']} documents per cell, {par['ops']} operations per cell and path, "
-        f"Zipf({par['zipf_s']}) keys; latencies in us (nearest rank)",
-        file=out,
-    )
-    head = (
-        f"{'mix':<15} {'size':<7} {'path':<7} {'reads':>6} {'writes':>6} {'rd p50':>8} {'rd p95':>8} "
-        f"{'rd p99':>8} {'wr p50':>8} {'hits':>6} {'stale':>5} {'mono':>5} {'ryw':>5} {'p50/direct':>10}"
-    )
-    print(head, file=out)
-    print("-" * len(head), file=out)
-    for cell in report["cells"]:
-        size = cell["size"]
-        for p in PATHS:
-            e = cell["paths"][p]
-            hits = f"{e['hit_ratio']:.0%}" if "hit_ratio" in e else "-"
-            ratio = f"{e['read_p50_over_direct']:.3f}" if "read_p50_over_direct" in e else "-"
-            print(
-                f"{cell['mix']:<15} {size:<7} {p:<7} {e['reads']:>6} {e['writes']:>6} "
-                f"{e['read']['p50_us']:>8.1f} {e['read']['p95_us']:>8.1f} {e['read']['p99_us']:>8.1f} "
-                f"{e['write']['p50_us']:>8.1f} {hits:>6} {e['stale_reads']:>5} {e['monotonic_violations']:>5} "
-                f"{e['read_your_writes_violations']:>5} {ratio:>10}",
-                file=out,
-            )
-    sizes = ", ".join(
-        f"{c['size']} ~{c['document_bytes_mean']:.0f} B" for c in report["cells"][: len(par["sizes"])]
-    )
-    print(
-        f"document sizes: {sizes}. hits: share of the path's reads that hit (at least "
-        + ", ".join(f"{MIN_HIT_RATIO[m]:.0%} {m}" for m in par["mixes"])
-        + "). stale: older than a write the cache had applied before the read; mono: older than an earlier "
-        "read of the path; ryw: older than the path's own acknowledged write (all must be 0).",
-        file=out,
-    )
-
-
-def _print_invalidation(report: dict[str, Any], out: Any) -> None:
-    par = report["parameters"]
-    inv = report["invalidation"]
+def print_tables(report: dict[str, Any]) -> None:
+    par, cells, inv = report["parameters"], report["cells"], report["invalidation"]
+    if cells:
+        print(
+            f"mix matrix: {par['keys']} documents per cell, {par['ops']} operations per cell and path, "
+            f"Zipf({par['zipf_s']}) keys; latencies in us (nearest rank)"
+        )
+        kit.table(MATRIX_COLUMNS, [_matrix_row(cell, p) for cell in cells for p in PATHS])
+        sizes = ", ".join(f"{c['size']} ~{c['document_bytes_mean']:.0f} B" for c in cells[: len(par["sizes"])])
+        floors = ", ".join(f"{MIN_HIT_RATIO[m]:.0%} {m}" for m in par["mixes"])
+        print(
+            f"document sizes: {sizes}. hits: share of the path's reads that hit (at least {floors}). stale: older "
+            "than a write the cache had applied before the read; mono: older than an earlier read of the path; "
+            "ryw: older than the path's own acknowledged write (all must be 0)."
+        )
     if not inv:
         return
-    if report["cells"]:
-        print(file=out)
+    if cells:
+        print()
     first = next(iter(inv.values()))
     print(
         f"invalidation latency: {first['workers']} workers reading {first['keys']} documents of "
         f"~{first['document_bytes_mean']:.0f} B, one update per >= {par['reads_per_write']} reads; "
-        "from the write's acknowledgement until every worker serves the new version (us)",
-        file=out,
+        "from the write's acknowledgement until every worker serves the new version (us)"
     )
-    head = (
-        f"{'path':<7} {'writes':>6} {'rd/wr':>6} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} "
-        f"{'low p50':>8} {'low p99':>8} {'gap p50':>8} {'ack p50':>8} {'hits':>6} {'stale after':>11} "
-        f"{'stale':>5} {'mono':>5} {'unobserved':>10}"
-    )
-    print(head, file=out)
-    print("-" * len(head), file=out)
-    for path, e in inv.items():
-        print(
-            f"{path:<7} {e['observed_writes']:>6} {e['reads_per_write']:>6.1f} {e['p50_us']:>8.0f} "
-            f"{e['p95_us']:>8.0f} {e['p99_us']:>8.0f} {e['max_us']:>8.0f} {e['lower_p50_us']:>8.0f} "
-            f"{e['lower_p99_us']:>8.0f} {e['same_document_read_interval_us']['p50_us']:>8.0f} "
-            f"{e['write_ack']['p50_us']:>8.0f} {e['hit_ratio']:>6.0%} {e['stale_after_bound']:>11} "
-            f"{e['stale_reads']:>5} {e['monotonic_violations']:>5} {e['unobserved_writes']:>10}",
-            file=out,
-        )
+    kit.table(INVALIDATION_COLUMNS, [_invalidation_row(path, e) for path, e in inv.items()])
     print(
         "p50..max: upper bound (end of each worker's first read of the new version; the last worker counts); "
         "low: lower bound (start of the last read, by any worker, that still returned an older version); "
@@ -1064,9 +1025,25 @@ def _print_invalidation(report: dict[str, Any], out: Any) -> None:
         "ack: update_one round trip; "
         "stale after: older versions read after the upper bound; stale: older than a write the cache had "
         f"applied before the read; mono: older than the same worker had read before (all must be 0; hits at "
-        f"least {MIN_INV_HIT_RATIO:.0%}).",
-        file=out,
+        f"least {MIN_INV_HIT_RATIO:.0%})."
     )
+
+
+def _matrix_row(cell: dict[str, Any], p: str) -> tuple[Any, ...]:
+    e = cell["paths"][p]
+    hits = f"{e['hit_ratio']:.0%}" if "hit_ratio" in e else "-"
+    ratio = f"{e['read_p50_over_direct']:.3f}" if "read_p50_over_direct" in e else "-"
+    read = [e["read"][f"p{q}_us"] for q in (50, 95, 99)]
+    violations = [e[key] for key in VIOLATIONS]
+    return (cell["mix"], cell["size"], p, e["reads"], e["writes"], *read, e["write"]["p50_us"], hits, *violations,
+            ratio)  # fmt: skip
+
+
+def _invalidation_row(path: str, e: dict[str, Any]) -> tuple[Any, ...]:
+    upper = [e[f"{q}_us"] for q in ("p50", "p95", "p99", "max", "lower_p50", "lower_p99")]
+    gap, ack = e["same_document_read_interval_us"]["p50_us"], e["write_ack"]["p50_us"]
+    counts = [e[key] for key in ("stale_after_bound", "stale_reads", "monotonic_violations", "unobserved_writes")]
+    return (path, e["observed_writes"], e["reads_per_write"], *upper, gap, ack, e["hit_ratio"], *counts)
 
 
 # -- main ------------------------------------------------------------------------
