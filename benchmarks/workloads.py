@@ -6,8 +6,8 @@ Reference: docs/benchmarks.md, "Harness reference", `benchmarks.workloads`.
 from __future__ import annotations
 
 import argparse
-import array
 import bisect
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -36,8 +36,10 @@ SCHEMA = "cqc.workloads/2"
 MIXES: dict[str, float] = {"read_heavy": 0.95, "balanced": 0.50, "write_dominant": 0.10}
 #: Target BSON bytes of each document size.
 SIZES: dict[str, int] = {"small": 200, "medium": 2048, "large": 20480}
-#: Paths of the mix matrix, and of the invalidation measurement.
+#: Paths of the mix matrix (the cached ones after the first), and of the
+#: invalidation measurement.
 PATHS = ("direct", "local", "shared")
+CACHED = PATHS[1:]
 INV_PATHS = ("shared", "local")
 
 #: The owner's geometry (as in DESIGN.md's benchmark); the local managers get
@@ -106,32 +108,41 @@ class Expected:
 
     def __init__(self, raws: Sequence[bytes], codec: Any) -> None:
         self._codec = codec
-        self._base = []
-        for k, raw in enumerate(raws):
-            doc = bson.decode(raw, codec)
+        self._base = [bson.decode(raw, codec) for raw in raws]
+        for k, (doc, raw) in enumerate(zip(self._base, raws)):
             if bson.encode(doc, codec_options=codec) != raw:
                 raise BenchmarkFailed(f"document {k} does not survive a decode/encode round trip")
-            self._base.append(doc)
         self._digests: dict[tuple[int, int], bytes] = {}
 
     def digest(self, key: int, version: int) -> bytes:
-        d = self._digests.get((key, version))
-        if d is None:
+        if (key, version) not in self._digests:
             doc = {**self._base[key], "version": version}
-            d = kit.digest(bson.encode(doc, codec_options=self._codec))
-            self._digests[(key, version)] = d
-        return d
+            self._digests[key, version] = kit.digest(bson.encode(doc, codec_options=self._codec))
+        return self._digests[key, version]
 
     def check(self, key: int, got: Any) -> tuple[int | None, str | None]:
-        """The version a read result carries, or a reason it is wrong."""
+        """The version a read result carries, or (None and) a reason it is wrong."""
         if got is None:
             return None, "no document"
         version = got.get("version")
         if type(version) is not int:
             return None, f"version {version!r}"
         if kit.digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
-            return version, f"content differs from document {key} at version {version}"
+            return None, f"content differs from document {key} at version {version}"
         return version, None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    key: int
+    version: int
+    sent_ns: int
+    ack_ns: int
+    #: operationTime of the write, (seconds << 32) | increment (0: unknown).
+    optime: int = 0
+
+    def oracle(self) -> _oracle.Write:
+        return _oracle.Write(self.key, self.version, self.optime, self.sent_ns, self.ack_ns)
 
 
 def _documents(count: int, target_bytes: int, seed: str) -> list[bytes]:
@@ -150,6 +161,28 @@ def zipf_keys(n: int, count: int, rng: random.Random, s: float = ZIPF_S) -> list
 def _start_owner(prefix: str, uri: str) -> Any:
     geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": MAX_AWAIT_TIME_MS}
     return kit.start_owner(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
+
+
+def _manager(client: Any, shared_name: str | None) -> Any:
+    """Attached to the owner ``shared_name``, or process-local with the owner's budget and slot count."""
+    from client_query_cache import CacheManager
+
+    local = {"budget_bytes": LOCAL_BUDGET_BYTES, "slot_count": LOCAL_SLOTS, "max_await_time_ms": MAX_AWAIT_TIME_MS}
+    return kit.manager_for(CacheManager, client, shared_name, **local)
+
+
+def _warm(manager: Any, reader: Any, db: str, keys: int, timeout: float, what: str) -> int:
+    """Start the database's stream (the first read registers the namespace)
+    and wait until it is ready, then read every key until a whole pass hits;
+    return the passes it took."""
+    reader.find_one({"_id": 0})
+    if not manager.wait_ready(timeout, database=db):
+        raise BenchmarkFailed(f"{what}: the change stream did not become ready")
+    reads = [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)]
+    passes = kit.warm_until_hits(manager, reads, timeout)
+    if not passes:
+        raise BenchmarkFailed(f"{what}: documents still missing after {timeout:g} s of warm-up passes")
+    return passes
 
 
 def _warm_until_hits(manager: Any, reader: Any, keys: int, timeout: float, what: str) -> int:
@@ -438,34 +471,21 @@ def run_matrix(
 # -- Part 2: invalidation latency (worker processes) -----------------------------
 
 
-def _inv_manager(cls: Any, client: Any, spec: dict[str, Any]) -> Any:
-    if spec["path"] == "shared":
-        return cls(client, shared=spec["shared_name"])
-    return cls(client, budget_bytes=LOCAL_BUDGET_BYTES, slot_count=LOCAL_SLOTS, max_await_time_ms=MAX_AWAIT_TIME_MS)
-
-
 def _inv_worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
-    from client_query_cache import CacheManager
-
-    index, keys, timeout = spec["index"], spec["keys"], spec["timeout"]
+    """A spawned reader (``kit.Pool``'s protocol): reads the documents in a
+    loop, in a shuffled order each round, and records every read."""
+    index, keys, timeout, db = spec["index"], spec["keys"], spec["timeout"], spec["db"]
     counters, stop, final, pace = shared.counters, shared.stop, shared.final, shared.pace
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(spec["uri"])
-    manager: Any = None
-    try:
-        manager = _inv_manager(CacheManager, client, spec)
-        reader = manager[spec["db"]][spec["coll"]]
-        expected = Expected(spec["raws"], client[spec["db"]][spec["coll"]].codec_options)
-        reader.find_one({"_id": 0})
-        if not manager.wait_ready(timeout, database=spec["db"]):
-            raise BenchmarkFailed("the change stream did not become ready")
-        warm_passes = _warm_until_hits(manager, reader, keys, timeout, f"worker {index}")
+    with pymongo.MongoClient(spec["uri"]) as client, _manager(client, spec["shared_name"]) as manager:
+        reader = manager[db][spec["coll"]]
+        expected = Expected(spec["raws"], client[db][spec["coll"]].codec_options)
+        _warm(manager, reader, db, keys, timeout, f"worker {index}")
         filters = [{"_id": k} for k in range(keys)]
         max_version = [1] * keys
         # Every measured read: key, version (-1: wrong document), the
         # database's applied time right before it, start, end.
-        read_keys, read_versions = array.array("i"), array.array("q")
-        read_applied, read_starts, read_ends = array.array("q"), array.array("q"), array.array("q")
-        applied = functools.partial(applied_time, manager, spec["db"])
+        rows = Rows()
+        applied = functools.partial(applied_time, manager, db)
         mismatches: list[str] = []
         reads = 0
         unobserved = False
@@ -476,7 +496,6 @@ def _inv_worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
         order = list(range(keys))
         before = manager.snapshot()
         shared.barrier.wait(timeout)
-        first_ns = clock()
         while True:
             rng.shuffle(order)  # no worker follows a fixed phase of the writer
             for k in order:
@@ -487,17 +506,13 @@ def _inv_worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
                 reads += 1
                 counters[index] = reads
                 version, wrong = expected.check(k, got)
-                if wrong is not None or version is None:
+                if version is None:
                     if len(mismatches) < MAX_EXAMPLES:
                         mismatches.append(f"document {k}: {wrong}")
                     version = -1
                 elif version > max_version[k]:
                     max_version[k] = version
-                read_keys.append(k)
-                read_versions.append(version)
-                read_applied.append(a)
-                read_starts.append(t0)
-                read_ends.append(t1)
+                rows.add(k, version, a, t0, t1, 0)
                 del got
                 pause = pace.value
                 if pause > 0:
@@ -514,64 +529,30 @@ def _inv_worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
                 elif now > stop_deadline:
                     unobserved = True
                     break
-        last_ns = clock()
-        after = manager.snapshot()
         return {
             "index": index,
             "reads": reads,
-            "keys": read_keys,
-            "versions": read_versions,
-            "applied": read_applied,
-            "starts": read_starts,
-            "ends": read_ends,
+            "keys": rows.docs,
+            **{name: getattr(rows, name) for name in ("versions", "applied", "starts", "ends")},
             "mismatches": mismatches,
             "unobserved_at_exit": unobserved,
-            "first_ns": first_ns,
-            "last_ns": last_ns,
-            "warm_passes": warm_passes,
-            "hits": after.hits - before.hits,
-            "misses": after.misses - before.misses,
-            "bypasses": bypass_split(before, after)[0],
-            "behind": bypass_split(before, after)[1],
+            **kit.counted(before, manager.snapshot()),
         }
-    finally:
-        if manager is not None:
-            manager.close()
-        client.close()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Write:
-    key: int
-    version: int
-    sent_ns: int
-    ack_ns: int
-    #: operationTime of the write, (seconds << 32) | increment (0: unknown).
-    optime: int = 0
 
 
 def _write_loop(
-    coll: Any,
-    workers: kit.Pool,
-    *,
-    writes: int,
-    keys: int,
-    reads_per_write: int,
-    seed: int,
-    timeout: float,
-    times: WriteTimes,
-    paced: bool = True,
+    coll: Any, workers: kit.Pool, writes: int, keys: int, seed: int, timeout: float, times: WriteTimes, paced: bool
 ) -> tuple[list[Write], int, list[float]]:
-    """One write each time the workers completed ``reads_per_write`` reads
+    """One write each time the workers completed ``READS_PER_WRITE`` reads
     since the previous write was sent; return the writes with their
     acknowledgement times, the reads the workers made from the first write's
     wait to the last write's acknowledgement, and the pause after each write.
 
-    Paced (the default), the writer also sets the pause every worker sleeps
-    after each read, so that the workers make about ``reads_per_write``
-    reads per write instead of outrunning the writer: it lengthens the pause
-    when more reads than that came between two writes, and shortens it when
-    the writer had to wait for them."""
+    Paced, the writer also sets the pause every worker sleeps after each
+    read, so that the workers make about ``READS_PER_WRITE`` reads per write
+    instead of outrunning the writer: it lengthens the pause when more reads
+    than that came between two writes, and shortens it when the writer had
+    to wait for them."""
     rng = random.Random(f"{seed}/writes")
     done: list[Write] = []
     pauses: list[float] = []
@@ -584,7 +565,7 @@ def _write_loop(
         deadline = time.monotonic() + timeout
         polls = 0
         waited = clock()
-        while workers.total_reads() - mark < reads_per_write:
+        while workers.total_reads() - mark < READS_PER_WRITE:
             time.sleep(0.0001)
             polls += 1
             if polls % 2000 == 0:
@@ -602,8 +583,8 @@ def _write_loop(
             raise BenchmarkFailed(f"write {n} matched {result.matched_count} documents")
         done.append(Write(key, version, sent, ack, times.take(key, version)))
         if paced and n:
-            if between > reads_per_write * 1.1:
-                pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / reads_per_write))
+            if between > READS_PER_WRITE * 1.1:
+                pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / READS_PER_WRITE))
             elif sent - waited > (ack - sent) // 4:
                 pause = pause * 0.8 if pause > PACE_MIN_S else 0.0
             pace.value = pause
@@ -612,31 +593,17 @@ def _write_loop(
     return done, workers.total_reads() - first, pauses
 
 
+@dataclasses.dataclass(slots=True)
 class _KeyReads:
     """One worker's reads of one document, in time order, with the running
     maximum of the versions (first read of a version or newer: a bisection)
     and the suffix minimum (last read of an older version: a bisection)."""
 
-    __slots__ = ("starts", "ends", "versions", "prefix_max", "suffix_min")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.versions: list[int] = []
-        self.prefix_max: list[int] = []
-        self.suffix_min: list[int] = []
-
-    def seal(self) -> None:
-        top = -1
-        for v in self.versions:
-            top = max(top, v)
-            self.prefix_max.append(top)
-        low = 1 << 62
-        suffix = []
-        for v in reversed(self.versions):
-            low = min(low, v)
-            suffix.append(low)
-        self.suffix_min = suffix[::-1]
+    starts: list[int] = dataclasses.field(default_factory=list)
+    ends: list[int] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    prefix_max: list[int] = dataclasses.field(default_factory=list)
+    suffix_min: list[int] = dataclasses.field(default_factory=list)
 
     def first_at_least(self, version: int) -> int:
         """Index of the first read that returned ``version`` or newer (len if none)."""
@@ -648,16 +615,15 @@ class _KeyReads:
 
 
 def _key_reads(result: dict[str, Any]) -> dict[int, _KeyReads]:
-    per_key: dict[int, _KeyReads] = {}
+    per_key: dict[int, _KeyReads] = collections.defaultdict(_KeyReads)
     for k, v, t0, t1 in zip(result["keys"], result["versions"], result["starts"], result["ends"]):
-        kr = per_key.get(k)
-        if kr is None:
-            kr = per_key[k] = _KeyReads()
+        kr = per_key[k]
         kr.starts.append(t0)
         kr.ends.append(t1)
         kr.versions.append(v)
     for kr in per_key.values():
-        kr.seal()
+        kr.prefix_max = list(itertools.accumulate(kr.versions, max))
+        kr.suffix_min = list(itertools.accumulate(reversed(kr.versions), min))[::-1]
     return per_key
 
 
@@ -678,50 +644,37 @@ def invalidation_latencies(writes: Sequence[Write], results: Sequence[dict[str, 
     unobserved = before_ack = stale_after = 0
     stale_examples: list[dict[str, int]] = []
     for w in writes:
-        firsts: list[int] = []
-        durations: list[int] = []
-        last_old = None
-        for per_key in workers:
-            kr = per_key.get(w.key, empty)
-            i = kr.first_at_least(w.version)
-            if i == len(kr.versions):
-                break
-            firsts.append(kr.ends[i])
-            durations.append(kr.ends[i] - kr.starts[i])
-            j = kr.last_older(w.version)
-            if j >= 0 and (last_old is None or kr.starts[j] > last_old):
-                last_old = kr.starts[j]
-        if len(firsts) < len(workers):
+        reads = [per_key.get(w.key, empty) for per_key in workers]
+        firsts = [kr.first_at_least(w.version) for kr in reads]
+        if any(i == len(kr.versions) for i, kr in zip(firsts, reads)):
             unobserved += 1
             continue
-        bound = max(firsts)
-        bound_read_ns.append(durations[firsts.index(bound)])
+        ends = [kr.ends[i] for i, kr in zip(firsts, reads)]
+        bound = max(ends)
+        n = ends.index(bound)  # the last worker to observe the write: its read's duration
+        bound_read_ns.append(bound - reads[n].starts[firsts[n]])
+        olds = [kr.starts[j] for kr in reads if (j := kr.last_older(w.version)) >= 0]
         up = max(0, bound - w.ack_ns)
         upper.append(up)
-        lower.append(max(0, last_old - w.ack_ns) if last_old is not None else 0)
+        lower.append(max(0, max(olds) - w.ack_ns) if olds else 0)
         before_ack += up == 0
-        for index, per_key in enumerate(workers):
-            kr = per_key.get(w.key, empty)
-            j = kr.last_older(w.version)
-            for m in range(bisect.bisect_right(kr.starts, bound), j + 1):
+        for index, kr in enumerate(reads):
+            for m in range(bisect.bisect_right(kr.starts, bound), kr.last_older(w.version) + 1):
                 if kr.versions[m] < w.version:
                     stale_after += 1
                     if len(stale_examples) < MAX_EXAMPLES:
-                        stale_examples.append(
-                            {
-                                "worker": index,
-                                "key": w.key,
-                                "write_version": w.version,
-                                "read_version": kr.versions[m],
-                                "read_start_after_bound_us": (kr.starts[m] - bound) // 1000,
-                            }
-                        )
-    gaps: list[int] = []
+                        stale_examples.append({
+                            "worker": index, "key": w.key, "write_version": w.version, "read_version": kr.versions[m],
+                            "read_start_after_bound_us": (kr.starts[m] - bound) // 1000,
+                        })  # fmt: skip
     window = (writes[0].sent_ns, writes[-1].ack_ns) if writes else (0, 0)
-    for per_key in workers:
-        for kr in per_key.values():
-            gaps.extend(b - a for a, b in zip(kr.starts, kr.starts[1:]) if window[0] <= a and b <= window[1])
-    up_sorted, low_sorted = sorted(upper), sorted(lower)
+    gaps = [
+        b - a
+        for per_key in workers
+        for kr in per_key.values()
+        for a, b in zip(kr.starts, kr.starts[1:])
+        if window[0] <= a and b <= window[1]
+    ]
     out: dict[str, Any] = {
         "writes": len(writes),
         "observed_writes": len(upper),
@@ -735,7 +688,7 @@ def invalidation_latencies(writes: Sequence[Write], results: Sequence[dict[str, 
         "same_document_read_interval_us": summarize(gaps),
         "bound_read_us": summarize(bound_read_ns),
     }
-    for name, values in (("", up_sorted), ("lower_", low_sorted)):
+    for name, values in (("", sorted(upper)), ("lower_", sorted(lower))):
         for p in (50, 95, 99):
             out[f"{name}p{p}_us"] = quantile(values, p) / 1000.0
         out[f"{name}max_us"] = values[-1] / 1000.0 if values else float("nan")
@@ -746,7 +699,7 @@ def judge_invalidation(writes: Sequence[Write], results: Sequence[dict[str, Any]
     """Every worker's reads judged by the oracle: stale against the applied
     time, monotonic within the worker (the workers do not write, so there is
     no read-your-writes to judge)."""
-    oracle = Oracle([*initial_versions(keys), *(oracle_write(w) for w in writes)])
+    oracle = Oracle([*initial_versions(keys), *(w.oracle() for w in writes)])
     verdict = Verdict()
     for r in results:
         rows = {"docs": r["keys"], **{name: r[name] for name in ("versions", "applied", "starts", "ends")}}
@@ -763,8 +716,6 @@ def run_invalidation(
     writes: int,
     keys: int,
     seed: int,
-    reads_per_write: int = READS_PER_WRITE,
-    doc_bytes: int = INV_DOC_BYTES,
     paced: bool = True,
     timeout: float = 120.0,
     status: Status | None = None,
@@ -776,7 +727,7 @@ def run_invalidation(
         raise ValueError(f"path must be one of {INV_PATHS}")
     status = status or Status(quiet=True)
     coll_name = f"invalidation_{path}"
-    raws = _documents(keys, doc_bytes, f"{seed}/inv/{path}")
+    raws = _documents(keys, INV_DOC_BYTES, f"{seed}/inv/{path}")
     times = WriteTimes()
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
     owner: Any = None
@@ -784,46 +735,19 @@ def run_invalidation(
     try:
         coll = client[db][coll_name]
         kit.insert_raw(coll, raws)
-        shared_name = None
         if path == "shared":
             status(f"invalidation/{path}: starting the owner")
             owner = _start_owner("cqc-wl-inv", uri)
-            shared_name = owner.name
         pool = kit.Pool(workers, keys=keys, timeout=timeout)
         status(f"invalidation/{path}: starting {workers} workers")
-        pool.start(
-            [
-                {
-                    "uri": uri,
-                    "db": db,
-                    "coll": coll_name,
-                    "path": path,
-                    "index": w,
-                    "keys": keys,
-                    "raws": raws,
-                    "shared_name": shared_name,
-                    "timeout": timeout,
-                    "seed": f"{seed}/inv/{path}/{w}",
-                }
-                for w in range(workers)
-            ],
-            _inv_worker,
-        )
+        spec = {"uri": uri, "db": db, "coll": coll_name, "keys": keys, "raws": raws, "timeout": timeout}
+        spec["shared_name"] = owner.name if owner is not None else None
+        pool.start([{**spec, "index": w, "seed": f"{seed}/inv/{path}/{w}"} for w in range(workers)], _inv_worker)
         pool.meet("start (workers warm)")
         coll.update_one({"_id": -1}, {"$set": {"version": 0}})  # opens the write path; no event
-        status(f"invalidation/{path}: {writes} writes, one per {reads_per_write} reads")
+        status(f"invalidation/{path}: {writes} writes, one per {READS_PER_WRITE} reads")
         started = time.perf_counter()
-        done, reads_while_writing, pauses = _write_loop(
-            coll,
-            pool,
-            writes=writes,
-            keys=keys,
-            reads_per_write=reads_per_write,
-            seed=seed,
-            timeout=timeout,
-            times=times,
-            paced=paced,
-        )
+        done, reads_while_writing, pauses = _write_loop(coll, pool, writes, keys, seed, timeout, times, paced)
         for k in range(keys):
             pool.shared.final[k] = max((w.version for w in done if w.key == k), default=1)
         pool.shared.stop.value = 1
@@ -839,49 +763,31 @@ def run_invalidation(
             client[db][coll_name].drop()
         client.close()
 
-    out = _invalidation_result(path, done, results, raws, reads_while_writing, pauses)
-    out.update({"workers": workers, "wall_s": wall, "paced": paced})
-    status(
-        f"invalidation/{path}: p50 {out['p50_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
-        f"max {out['max_us']:.0f} us over {out['observed_writes']} writes; "
-        f"{out['stale_after_bound']} stale after the bound"
-    )
-    return out
-
-
-def _invalidation_result(
-    path: str,
-    done: list[Write],
-    results: list[dict[str, Any]],
-    raws: list[bytes],
-    reads_while_writing: int,
-    pauses: list[float],
-) -> dict[str, Any]:
-    """Part 2's figures and judgement for one path from the writes and the
-    workers' records (wrong documents fail the run)."""
     mismatches = [m for r in results for m in r["mismatches"]]
     if mismatches:
         raise BenchmarkFailed(f"invalidation/{path}: wrong documents read, e.g.:\n  " + "\n  ".join(mismatches))
-    out = invalidation_latencies(done, results)
-    out.update(judge_invalidation(done, results, len(raws)))
-    reads = sum(r["reads"] for r in results)
+    out = {**invalidation_latencies(done, results), **judge_invalidation(done, results, keys)}
+    out.update({name: sum(r[name] for r in results) for name in ("reads", "hits", "misses", "bypasses", "behind")})
     out.update(
         {
-            "keys": len(raws),
-            "document_bytes_mean": sum(map(len, raws)) / len(raws),
-            "reads": reads,
+            "keys": keys,
+            "document_bytes_mean": sum(map(len, raws)) / keys,
             "reads_while_writing": reads_while_writing,
             "reads_per_write": reads_while_writing / len(done) if done else float("nan"),
-            "hits": sum(r["hits"] for r in results),
-            "misses": sum(r["misses"] for r in results),
-            "bypasses": sum(r["bypasses"] for r in results),
-            "behind": sum(r["behind"] for r in results),
-            "hit_ratio": sum(r["hits"] for r in results) / reads if reads else float("nan"),
+            "hit_ratio": out["hits"] / out["reads"] if out["reads"] else float("nan"),
             "workers_unobserved_at_exit": sum(bool(r["unobserved_at_exit"]) for r in results),
             "write_ack": summarize([w.ack_ns - w.sent_ns for w in done]),
             "pause_after_read_us": summarize([int(p * 1e9) for p in pauses]) if pauses else {},
             "write_phase_s": (done[-1].ack_ns - done[0].sent_ns) / 1e9 if done else 0.0,
+            "workers": workers,
+            "wall_s": wall,
+            "paced": paced,
         }
+    )
+    status(
+        f"invalidation/{path}: p50 {out['p50_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
+        f"max {out['max_us']:.0f} us over {out['observed_writes']} writes; "
+        f"{out['stale_after_bound']} stale after the bound"
     )
     return out
 
