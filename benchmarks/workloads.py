@@ -27,7 +27,7 @@ from pymongo.read_concern import ReadConcern
 
 from . import _kit as kit
 from . import _oracle
-from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status, bypass_split, quantile, summarize
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status, quantile, summarize
 from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, initial_versions, judge
 
 SCHEMA = "cqc.workloads/2"
@@ -185,15 +185,6 @@ def _warm(manager: Any, reader: Any, db: str, keys: int, timeout: float, what: s
     return passes
 
 
-def _warm_until_hits(manager: Any, reader: Any, keys: int, timeout: float, what: str) -> int:
-    """Read every key until a whole pass hits; return the passes it took."""
-    reads = [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)]
-    passes = kit.warm_until_hits(manager, reads, timeout)
-    if not passes:
-        raise BenchmarkFailed(f"{what}: documents still missing after {timeout:g} s of warm-up passes")
-    return passes
-
-
 # -- Part 1: the mix matrix ------------------------------------------------------
 
 
@@ -202,8 +193,6 @@ class MatrixPaths:
     manager and the shared owner with this process attached to it."""
 
     def __init__(self, uri: str, db_prefix: str, timeout: float) -> None:
-        from client_query_cache import CacheManager
-
         self.timeout = timeout
         self.dbs = {p: f"{db_prefix}_{p}" for p in PATHS}
         self.clients: dict[str, pymongo.MongoClient[Any]] = {}
@@ -215,13 +204,8 @@ class MatrixPaths:
             for p in PATHS:
                 self.clients[p] = pymongo.MongoClient(uri, event_listeners=[self.times[p]])
             self.owner = _start_owner("cqc-wl-matrix", uri)
-            self.managers["local"] = CacheManager(
-                self.clients["local"],
-                budget_bytes=LOCAL_BUDGET_BYTES,
-                slot_count=LOCAL_SLOTS,
-                max_await_time_ms=MAX_AWAIT_TIME_MS,
-            )
-            self.managers["shared"] = CacheManager(self.clients["shared"], shared=self.owner.name)
+            self.managers["local"] = _manager(self.clients["local"], None)
+            self.managers["shared"] = _manager(self.clients["shared"], self.owner.name)
         except BaseException:
             self.close()
             raise
@@ -233,6 +217,10 @@ class MatrixPaths:
         if path == "direct":
             return self.raw(path, coll).with_options(read_concern=ReadConcern("majority"))
         return self.managers[path][self.dbs[path]][coll]
+
+    def counters(self) -> dict[str, Any]:
+        """The cached paths' managers' snapshots, and the owner's."""
+        return {**{p: self.managers[p].snapshot() for p in CACHED}, "owner": self.owner.snapshot()}
 
     def close(self) -> None:
         for m in self.managers.values():
@@ -249,43 +237,7 @@ class MatrixPaths:
         self.clients = {}
 
 
-def run_cell(
-    paths: MatrixPaths, mix: str, size: str, *, keys: int, ops: int, seed: int, status: Status
-) -> dict[str, Any]:
-    """One mix and size: insert, warm, run the interleaved operations, verify."""
-    read_fraction, target = MIXES[mix], SIZES[size]
-    coll_name = f"{mix}_{size}"
-    raws = _documents(keys, target, f"{seed}/docs/{mix}/{size}")
-    rng = random.Random(f"{seed}/ops/{mix}/{size}")
-    plan = [(rng.random() < read_fraction, k) for k in zipf_keys(keys, ops, rng)]
-
-    status(f"{mix}/{size}: inserting {keys} documents of ~{sum(map(len, raws)) // keys} B into 3 databases")
-    for p in PATHS:
-        kit.insert_raw(paths.raw(p, coll_name), raws)
-    try:
-        return _run_cell_ops(paths, mix, size, coll_name, raws, plan, status)
-    finally:
-        # Dropped at once: the next cells do not share a budget with this one.
-        for p in PATHS:
-            with contextlib.suppress(Exception):
-                paths.raw(p, coll_name).drop()
-
-
-def _warm_cell(paths: MatrixPaths, readers: dict[str, Any], keys: int, where: str) -> dict[str, int]:
-    """Ready the cached paths' streams and warm them until a pass hits."""
-    warm_passes: dict[str, int] = {}
-    for p in ("local", "shared"):
-        manager = paths.managers[p]
-        readers[p].find_one({"_id": 0})  # registers the namespace, starts its stream
-        if not manager.wait_ready(paths.timeout, database=paths.dbs[p]):
-            raise BenchmarkFailed(f"{where} {p}: the change stream did not become ready")
-        warm_passes[p] = _warm_until_hits(manager, readers[p], keys, paths.timeout, f"{where} {p}")
-    for k in range(min(keys, DIRECT_WARM_READS)):
-        readers["direct"].find_one({"_id": k})
-    return warm_passes
-
-
-class _CellRun:
+class _Cell:
     """One cell's operations on the three paths and what they returned: per
     path the timings, the rows the oracle judges (each read's document,
     version, applied time, start and end) and the path's own writes (with
@@ -303,13 +255,7 @@ class _CellRun:
         self.write_ns: dict[str, list[int]] = {p: [] for p in PATHS}
         self.rows = {p: Rows() for p in PATHS}
         self.writes: dict[str, list[Write]] = {p: [] for p in PATHS}
-        self.wrong = 0
-        self.examples: list[str] = []
-
-    def _bad(self, text: str) -> None:
-        self.wrong += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(text)
+        self.wrong: list[str] = []
 
     def read(self, p: str, key: int, j: int) -> None:
         clock = time.perf_counter_ns
@@ -320,10 +266,10 @@ class _CellRun:
         t1 = clock()
         self.read_ns[p].append(t1 - t0)
         version, wrong = self.expected.check(key, got)
-        if wrong is None and version is not None and version > self.current[p][key]:
+        if version is not None and version > self.current[p][key]:
             wrong = f"version {version} is newer than the last write ({self.current[p][key]})"
-        if wrong is not None or version is None:
-            self._bad(f"{p} read of {key} at operation {j}: {wrong}")
+        if wrong is not None:
+            self.wrong.append(f"{p} read of {key} at operation {j}: {wrong}")
         else:
             self.rows[p].add(key, version, applied, t0, t1, 0)
 
@@ -334,58 +280,92 @@ class _CellRun:
         t1 = clock()
         self.write_ns[p].append(t1 - t0)
         if result.matched_count != 1:
-            self._bad(f"{p} write of {key} at operation {j} matched {result.matched_count} documents")
+            self.wrong.append(f"{p} write of {key} at operation {j} matched {result.matched_count} documents")
             return
         self.current[p][key] = version
         self.writes[p].append(Write(key, version, t0, t1, self.paths.times[p].take(key, version)))
 
-    def verdict(self, p: str) -> Verdict:
-        """The path's reads judged: stale (cached paths: the direct path has
-        no applied time), monotonic and read-your-writes."""
-        keys = len(self.current[p])
-        writes = [oracle_write(w) for w in self.writes[p]]
-        oracle = None if p == "direct" else Oracle([*initial_versions(keys), *writes])
-        return judge(self.rows[p], oracle=oracle, own_writes=writes, label=f"{p}: ")
+    def run(self, where: str, plan: list[tuple[bool, int]], status: Status) -> tuple[float, dict[str, Any]]:
+        """Warm the paths, run the plan interleaved over them (the path order
+        rotating), verify; the wall time and each path's figures."""
+        keys, timeout = len(self.current["direct"]), self.paths.timeout
+        status(f"{where}: warming up")
+        warm_passes = {
+            p: _warm(self.paths.managers[p], self.readers[p], self.paths.dbs[p], keys, timeout, f"{where} {p}")
+            for p in CACHED
+        }
+        for k in range(min(keys, DIRECT_WARM_READS)):
+            self.readers["direct"].find_one({"_id": k})
+        for p in PATHS:  # opens the write path; matches nothing, so no change event
+            self.writers[p].update_one({"_id": -1}, {"$set": {"version": 0}})
+        before = self.paths.counters()
+        rotations = [PATHS[r:] + PATHS[:r] for r in range(len(PATHS))]
+
+        status(f"{where}: {len(plan)} operations x 3 paths")
+        gc.collect()
+        started = time.perf_counter()
+        for j, (is_read, key) in enumerate(plan):
+            for p in rotations[j % len(rotations)]:
+                if is_read:
+                    self.read(p, key, j)
+                else:
+                    self.write(p, key, j + 2, j)
+        wall = time.perf_counter() - started
+        after = self.paths.counters()
+        if self.wrong:
+            examples = "\n  ".join(self.wrong[:MAX_EXAMPLES])
+            raise BenchmarkFailed(f"{where}: {len(self.wrong)} wrong results, e.g.:\n  {examples}")
+        return wall, {p: self.figures(p, before, after, warm_passes) for p in PATHS}
+
+    def figures(self, p: str, before: dict[str, Any], after: dict[str, Any], warm: dict[str, int]) -> dict[str, Any]:
+        """One path's figures and judgement: stale (cached paths: the direct
+        path has no applied time), monotonic and read-your-writes."""
+        reads = len(self.read_ns[p])
+        writes = [w.oracle() for w in self.writes[p]]
+        oracle = None if p == "direct" else Oracle([*initial_versions(len(self.current[p])), *writes])
+        verdict = judge(self.rows[p], oracle=oracle, own_writes=writes, label=f"{p}: ")
+        entry: dict[str, Any] = {
+            "reads": reads,
+            "writes": len(self.write_ns[p]),
+            "read": summarize(self.read_ns[p]),
+            "write": summarize(self.write_ns[p]),
+            **verdict.counts(),
+            "examples": list(verdict.examples),
+        }
+        if p == "direct":
+            return entry
+        b, a = before[p], after[p]
+        entry.update(kit.counted(b, a), warm_passes=warm[p])
+        entry["hit_ratio"] = entry["hits"] / reads if reads else float("nan")
+        direct_p50 = summarize(self.read_ns["direct"])["p50_us"]
+        entry["read_p50_over_direct"] = entry["read"]["p50_us"] / direct_p50 if reads else float("nan")
+        # The local manager invalidates and evicts itself; the shared path's owner does.
+        if p == "local":
+            entry.update(invalidations=a.invalidations - b.invalidations, evictions=a.evictions - b.evictions)
+        else:
+            entry.update({k: after["owner"][k] - before["owner"][k] for k in ("invalidations", "evictions")})
+        return entry
 
 
-def oracle_write(w: Write) -> _oracle.Write:
-    return _oracle.Write(w.key, w.version, w.optime, w.sent_ns, w.ack_ns)
-
-
-def _run_cell_ops(
-    paths: MatrixPaths,
-    mix: str,
-    size: str,
-    coll_name: str,
-    raws: list[bytes],
-    plan: list[tuple[bool, int]],
-    status: Status,
+def run_cell(
+    paths: MatrixPaths, mix: str, size: str, *, keys: int, ops: int, seed: int, status: Status
 ) -> dict[str, Any]:
-    run = _CellRun(paths, coll_name, raws)
-    status(f"{mix}/{size}: warming up")
-    warm_passes = _warm_cell(paths, run.readers, len(raws), f"{mix}/{size}")
-    for p in PATHS:  # opens the write path; matches nothing, so no change event
-        run.writers[p].update_one({"_id": -1}, {"$set": {"version": 0}})
-    before = {p: paths.managers[p].snapshot() for p in ("local", "shared")}
-    owner_before = paths.owner.snapshot()
-    rotations = [PATHS[r:] + PATHS[:r] for r in range(len(PATHS))]
+    """One mix and size: insert, warm, run the interleaved operations, verify."""
+    coll_name = f"{mix}_{size}"
+    raws = _documents(keys, SIZES[size], f"{seed}/docs/{mix}/{size}")
+    rng = random.Random(f"{seed}/ops/{mix}/{size}")
+    plan = [(rng.random() < MIXES[mix], k) for k in zipf_keys(keys, ops, rng)]
 
-    status(f"{mix}/{size}: {len(plan)} operations x 3 paths")
-    gc.collect()
-    started = time.perf_counter()
-    for j, (is_read, key) in enumerate(plan):
-        for p in rotations[j % len(rotations)]:
-            if is_read:
-                run.read(p, key, j)
-            else:
-                run.write(p, key, j + 2, j)
-    wall = time.perf_counter() - started
-    after = {p: paths.managers[p].snapshot() for p in ("local", "shared")}
-    owner_after = paths.owner.snapshot()
-    if run.wrong:
-        raise BenchmarkFailed(f"{mix}/{size}: {run.wrong} wrong results, e.g.:\n  " + "\n  ".join(run.examples))
-    owner_delta = {k: owner_after[k] - owner_before[k] for k in ("invalidations", "evictions")}
-    out_paths = {p: _cell_path(run, p, before, after, owner_delta, warm_passes) for p in PATHS}
+    status(f"{mix}/{size}: inserting {keys} documents of ~{sum(map(len, raws)) // keys} B into 3 databases")
+    for p in PATHS:
+        kit.insert_raw(paths.raw(p, coll_name), raws)
+    try:
+        wall, figures = _Cell(paths, coll_name, raws).run(f"{mix}/{size}", plan, status)
+    finally:
+        # Dropped at once: the next cells do not share a budget with this one.
+        for p in PATHS:
+            with contextlib.suppress(Exception):
+                paths.raw(p, coll_name).drop()
     sizes = [len(r) for r in raws]
     return {
         "mix": mix,
@@ -398,40 +378,8 @@ def _run_cell_ops(
         "distinct_keys_used": len({k for _, k in plan}),
         "ops": len(plan),
         "wall_s": wall,
-        "paths": out_paths,
+        "paths": figures,
     }
-
-
-def _cell_path(
-    run: _CellRun, p: str, before: dict[str, Any], after: dict[str, Any], owner_delta: dict[str, int],
-    warm_passes: dict[str, int],
-) -> dict[str, Any]:
-    """One path's figures and judgement in a cell."""
-    reads = len(run.read_ns[p])
-    verdict = run.verdict(p)
-    entry: dict[str, Any] = {
-        "reads": reads,
-        "writes": len(run.write_ns[p]),
-        "read": summarize(run.read_ns[p]),
-        "write": summarize(run.write_ns[p]),
-        **verdict.counts(),
-        "examples": list(verdict.examples),
-    }
-    if p in before:
-        b, a = before[p], after[p]
-        direct_p50 = summarize(run.read_ns["direct"])["p50_us"]
-        entry["hits"] = a.hits - b.hits
-        entry["misses"] = a.misses - b.misses
-        entry["bypasses"], entry["behind"] = bypass_split(b, a)
-        entry["hit_ratio"] = entry["hits"] / reads if reads else float("nan")
-        entry["warm_passes"] = warm_passes[p]
-        entry["read_p50_over_direct"] = entry["read"]["p50_us"] / direct_p50 if reads else float("nan")
-        if p == "local":
-            entry["invalidations"] = a.invalidations - b.invalidations
-            entry["evictions"] = a.evictions - b.evictions
-        else:
-            entry.update(owner_delta)
-    return entry
 
 
 def run_matrix(
@@ -450,21 +398,17 @@ def run_matrix(
     before this returns or raises."""
     status = status or Status(quiet=True)
     status("mix matrix: starting the shared owner and the local manager")
-    paths = MatrixPaths(uri, db_prefix, timeout)
     cells = []
-    try:
-        for mix in mixes:
-            for size in sizes:
-                cell = run_cell(paths, mix, size, keys=keys, ops=ops, seed=seed, status=status)
-                cells.append(cell)
-                d, lo, sh = (cell["paths"][p] for p in PATHS)
-                status(
-                    f"{mix}/{size}: read p50 direct {d['read']['p50_us']:.0f} us, local "
-                    f"{lo['read']['p50_us']:.0f} us ({lo['hit_ratio']:.0%} hits), shared "
-                    f"{sh['read']['p50_us']:.0f} us ({sh['hit_ratio']:.0%} hits), {cell['wall_s']:.1f}s"
-                )
-    finally:
-        paths.close()
+    with contextlib.closing(MatrixPaths(uri, db_prefix, timeout)) as paths:
+        for mix, size in itertools.product(mixes, sizes):
+            cell = run_cell(paths, mix, size, keys=keys, ops=ops, seed=seed, status=status)
+            cells.append(cell)
+            d, lo, sh = (cell["paths"][p] for p in PATHS)
+            status(
+                f"{mix}/{size}: read p50 direct {d['read']['p50_us']:.0f} us, local "
+                f"{lo['read']['p50_us']:.0f} us ({lo['hit_ratio']:.0%} hits), shared "
+                f"{sh['read']['p50_us']:.0f} us ({sh['hit_ratio']:.0%} hits), {cell['wall_s']:.1f}s"
+            )
     return cells
 
 
