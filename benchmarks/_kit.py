@@ -627,3 +627,24 @@ def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) 
     out = {name: getattr(after, name) - getattr(before, name) for name in names}
     out["bypasses"], out["behind"] = bypass_split(before, after)
     return out
+
+
+# -- added for guard/hit_path --
+
+
+def warm_ready(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None) -> int:
+    """Wait until the change streams (of ``database``, or all) serve, then
+    ``warm_until_hits``; the passes it took. Either taking longer than
+    ``timeout`` seconds fails the benchmark."""
+    if not manager.wait_ready(timeout, database):
+        raise BenchmarkFailed(f"the change stream did not become ready within {timeout:g} s")
+    passes = warm_until_hits(manager, reads, timeout)
+    if not passes:
+        raise BenchmarkFailed(f"the warm-up reads are not all served from the cache after {timeout:g} s")
+    return passes
+
+
+def cell(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec`` for a table, or "-" when there is
+    none (None, nan or infinite)."""
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)

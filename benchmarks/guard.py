@@ -6,9 +6,12 @@ Reference: docs/benchmarks.md, "Harness reference", `benchmarks.guard`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import enum
+import functools
 import gc
+import importlib
 import json
 import math
 import os
@@ -21,7 +24,7 @@ import tarfile
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +50,9 @@ LAYOUT = (
     "python/client_query_cache/__init__.py",
     "python/client_query_cache/synchronous/__init__.py",
 )
-#: Collections of the guard's database.
 DOCS = "docs"
+#: The invalidation case's collection, and the documents it writes in turn.
 INVAL = "inval"
-#: Documents the invalidation case writes in turn.
 INVAL_DOCS = 16
 #: Reads that warm a manager (and its collection probe) before timed misses.
 WARM = 20
@@ -59,6 +61,14 @@ BLOCK_TIMEOUT_S = 600.0
 #: Longest the invalidation case waits for the cache to drop the old version.
 STALE_DEADLINE_NS = 10_000_000_000
 _RUN_BLOCK = "--run-block"
+METHOD = {
+    "blocks": "one child process per side and pair, ABBA order, warm-up pair discarded; "
+    "per block and case the nearest-rank median of the per-operation times",
+    "comparison": "paired log ratios work/base of the block medians: Hodges-Lehmann "
+    "estimate, exact Wilcoxon signed-rank confidence interval",
+    "verdict": "slower if the interval is above the threshold, ok if below, else inconclusive",
+    "timer": "time.perf_counter_ns around each operation",
+}
 
 
 class GuardError(Exception):
@@ -97,15 +107,12 @@ class Comparison:
     reason: str
 
     def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["verdict"] = self.verdict.value
-        return out
+        return dataclasses.asdict(self) | {"verdict": self.verdict.value}
 
 
 def not_measured(verdict: Verdict, reason: str) -> Comparison:
     """A comparison that has no numbers (not comparable, error)."""
-    nan = float("nan")
-    return Comparison(verdict, nan, nan, nan, nan, nan, "none", reason)
+    return Comparison(verdict, math.nan, math.nan, math.nan, math.nan, math.nan, "none", reason)
 
 
 def _signed_rank_counts(n: int) -> list[int]:
@@ -167,10 +174,9 @@ def decide(
     slower if the interval (as a ratio) lies above ``threshold``, ok if it
     lies below, inconclusive if it contains it or cannot be formed.
     """
-    values = list(base) + list(work)
     if not base or not work:
         raise ValueError("both sides need at least one block median")
-    if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+    if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in [*base, *work]):
         raise ValueError("block medians must be positive finite numbers")
     if not 0.0 < confidence < 1.0 or threshold <= 0:
         raise ValueError("confidence must be in (0, 1) and threshold positive")
@@ -193,11 +199,8 @@ def decide(
         need = f"{len(lb)} and {len(lw)} blocks"
     estimate = math.exp(statistics.median(stats))
     if k == 0:
-        nan = float("nan")
-        return Comparison(
-            Verdict.INCONCLUSIVE, ratio, estimate, nan, nan, nan, method,
-            f"{need} are too few for a {confidence:.0%} interval",
-        )  # fmt: skip
+        reason = f"{need} are too few for a {confidence:.0%} interval"
+        return Comparison(Verdict.INCONCLUSIVE, ratio, estimate, math.nan, math.nan, math.nan, method, reason)
     low, high = math.exp(stats[k - 1]), math.exp(stats[len(stats) - k])
     span = f"[{low:.3f}, {high:.3f}]"
     if low > threshold:
@@ -264,36 +267,29 @@ def check_layout(tree: Path, label: str) -> None:
         )
 
 
-def start_build(src: Path, out: Path) -> tuple[subprocess.Popen[bytes], Path, Any]:
-    """Start ``setup.py build`` of ``src`` into ``out/lib`` (the package
-    with its extension, importable from there); returns the process, the
-    lib directory and the log file."""
-    lib = out / "lib"
-    out.mkdir(parents=True)
+def build(trees: dict[str, Path], tmp: Path, labels: dict[str, str]) -> dict[str, Path]:
+    """``setup.py build`` of every tree at once (two cores, one compiler
+    each) into ``tmp/NAME/lib``: the package with its extension, importable
+    from there. Returns those lib directories."""
     env = {k: v for k, v in os.environ.items() if k != "CQC_SANITIZE"}  # both plain builds
-    log = open(out / "build.log", "w+b")
-    cmd = [
-        sys.executable, "setup.py", "build",
-        "--build-base", str(out / "build"), "--build-lib", str(lib),
-    ]  # fmt: skip
-    proc = kit.popen(cmd, cwd=src, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    return proc, lib, log
-
-
-def finish_build(proc: subprocess.Popen[bytes], lib: Path, log: Any, label: str) -> None:
-    try:
-        code = proc.wait(timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        code = -1
-    log.seek(0)
-    output = log.read().decode("utf-8", errors="replace")
-    log.close()
-    natives = list(lib.glob("client_query_cache/_native*.so"))
-    if code != 0 or not natives:
-        tail = "\n".join(output.splitlines()[-30:])
-        raise GuardError(f"building {label} failed (status {code}):\n{tail}")
+    libs = {name: tmp / name / "lib" for name in trees}
+    procs = {
+        name: kit.popen(
+            [sys.executable, "setup.py", "build", "--build-base", str(tmp / name / "build"), "--build-lib", str(lib)],
+            cwd=trees[name], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        for name, lib in libs.items()
+    }
+    for name, proc in procs.items():
+        try:
+            output = proc.communicate(timeout=BLOCK_TIMEOUT_S)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        if proc.returncode != 0 or not list(libs[name].glob("client_query_cache/_native*.so")):
+            tail = "\n".join(output.decode("utf-8", errors="replace").splitlines()[-30:])
+            raise GuardError(f"building {labels[name]} failed (status {proc.returncode}):\n{tail}")
+    return libs
 
 
 # -- One block (runs in a child process, with one side's package on sys.path) ----
@@ -303,7 +299,7 @@ class Unavailable(Exception):
     """This tree lacks the API a case needs."""
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class BlockContext:
     client: Any
     db_name: str
@@ -342,61 +338,60 @@ def _stored(coll: Any, ids: Sequence[int]) -> tuple[dict[int, Any], dict[int, An
     return {i: bson.decode(d.raw, codec) for i, d in raw.items()}, raw
 
 
-def _wait_ready(manager: Any, db_name: str) -> None:
-    if not manager.wait_ready(30, db_name):
-        raise RuntimeError(f"the change stream of {db_name} did not become ready within 30 s")
-
-
-def _admit_all(manager: Any, cached: Any, ids: Sequence[int], expected: dict[int, Any]) -> None:
-    """Read every id until a whole pass is hits (the first pass admits)."""
-    deadline = time.monotonic() + 60
-    while True:
-        before = manager.snapshot().hits
-        for i in ids:
-            if cached.find_one({"_id": i}) != expected[i]:
-                raise RuntimeError(f"find_one({{'_id': {i}}}) returned a wrong document")
-        if manager.snapshot().hits - before == len(ids):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError("warm-up reads were still not all hits after 60 s")
-
-
 def _check(ok: bool, what: str) -> None:
     if not ok:
         raise RuntimeError(f"verification failed: {what}")
 
 
-def _timed_find_ones(
-    b: BlockContext, admit: list[int], order: list[int], expected: dict[int, Any]
-) -> tuple[list[int], Any, Any]:
-    """With a fresh process-local cache that holds ``admit``, time
-    ``find_one({"_id": i})`` for each ``i`` of ``order`` and check every
-    result; returns the times and the snapshots before and after."""
+@contextlib.contextmanager
+def _cache(b: BlockContext, coll: str, admit: Sequence[int], expected: dict[int, Any]) -> Iterator[tuple[Any, Any]]:
+    """A fresh process-local cache (and its view of ``coll``) whose stream
+    is ready, once reading every id of ``admit`` gives a whole pass of hits
+    (the first pass admits, and probes the collection)."""
     from client_query_cache import CacheManager
 
+    def read(i: int) -> None:
+        if cached.find_one({"_id": i}) != expected[i]:
+            raise RuntimeError(f"find_one({{'_id': {i}}}) returned a wrong document")
+
+    with CacheManager(b.client) as manager:
+        cached = manager[b.db_name][coll]
+        if not manager.wait_ready(30, b.db_name):
+            raise RuntimeError(f"the change stream of {b.db_name} did not become ready within 30 s")
+        if not kit.warm_until_hits(manager, [functools.partial(read, i) for i in admit], 60, pause=0):
+            raise RuntimeError("warm-up reads were still not all hits after 60 s")
+        yield manager, cached
+
+
+def _timed(
+    b: BlockContext,
+    manager: Any,
+    order: Sequence[int],
+    op: Callable[[dict[str, Any]], Any],
+    expected: dict[int, Any],
+    wrong: str = "wrong documents",
+) -> tuple[list[int], Any, Any]:
+    """Time ``op({"_id": i})`` for each ``i`` of ``order`` and check every
+    result after its stop timestamp; returns the times and the manager's
+    snapshots before and after."""
     clock, extra = time.perf_counter_ns, b.extra
     times: list[int] = []
     mismatches = 0
-    with CacheManager(b.client) as manager:
-        cached = manager[b.db_name][DOCS]
-        _wait_ready(manager, b.db_name)
-        _admit_all(manager, cached, admit, expected)  # also probes the collection
-        find_one = cached.find_one
-        before = manager.snapshot()
-        gc.collect()
-        for i in order:
-            want = expected[i]
-            filt = {"_id": i}
-            t0 = clock()
-            got = find_one(filt)
-            t1 = clock()
-            if extra:
-                t1 = _stretch(t0, t1, extra)
-            times.append(t1 - t0)
-            mismatches += got != want
-            del got
-        after = manager.snapshot()
-    _check(not mismatches, f"{mismatches} wrong documents")
+    before = manager.snapshot()
+    gc.collect()
+    for i in order:
+        want = expected[i]
+        filt = {"_id": i}
+        t0 = clock()
+        got = op(filt)
+        t1 = clock()
+        if extra:
+            t1 = _stretch(t0, t1, extra)
+        times.append(t1 - t0)
+        mismatches += got != want
+        del got
+    after = manager.snapshot()
+    _check(not mismatches, f"{mismatches} {wrong}")
     return times, before, after
 
 
@@ -406,7 +401,8 @@ def case_hit(b: BlockContext) -> dict[str, Any]:
     n = b.ops["hit"]
     rng = random.Random(b.seed)
     order = [rng.choice(ids) for _ in range(n)]
-    times, before, after = _timed_find_ones(b, ids, order, expected)
+    with _cache(b, DOCS, ids, expected) as (manager, cached):
+        times, before, after = _timed(b, manager, order, cached.find_one, expected)
     hits, misses = after.hits - before.hits, after.misses - before.misses
     _check(hits == n and misses == 0, f"{hits} hits and {misses} misses for {n} reads")
     return _summary(times, documents=len(ids))
@@ -418,7 +414,8 @@ def case_miss(b: BlockContext) -> dict[str, Any]:
     warm, timed = ids[:WARM], ids[WARM:]
     random.Random(b.seed).shuffle(timed)
     n = len(timed)
-    times, before, after = _timed_find_ones(b, warm, timed, expected)
+    with _cache(b, DOCS, warm, expected) as (manager, cached):
+        times, before, after = _timed(b, manager, timed, cached.find_one, expected)
     misses, hits = after.misses - before.misses, after.hits - before.hits
     admitted = after.admissions - before.admissions
     _check(
@@ -429,8 +426,6 @@ def case_miss(b: BlockContext) -> dict[str, Any]:
 
 
 def case_admission(b: BlockContext) -> dict[str, Any]:
-    from client_query_cache import CacheManager
-
     try:
         from client_query_cache._core.read import Step, StepKind
     except ImportError as exc:
@@ -443,44 +438,29 @@ def case_admission(b: BlockContext) -> dict[str, Any]:
     random.Random(b.seed).shuffle(timed)
     n = len(timed)
     read_kind = StepKind.READ
-    not_read = object()
-    clock, extra = time.perf_counter_ns, b.extra
-    times: list[int] = []
-    mismatches = 0
-    with CacheManager(b.client) as manager:
-        cached = manager[b.db_name][DOCS]
+    with _cache(b, DOCS, warm_public, expected) as (manager, cached):
         core = getattr(cached, "_core", None)
         fast, finish = getattr(core, "fast_find_one", None), getattr(core, "finish", None)
         if fast is None or finish is None:
             raise Unavailable("CachedCollection has no _core.fast_find_one / _core.finish")
-        _wait_ready(manager, b.db_name)
-        _admit_all(manager, cached, warm_public, expected)  # probes the collection
+
+        def admit(filt: dict[str, Any]) -> Any:
+            """A miss's READ step, finished with the raw document (None
+            without a READ step)."""
+            step = fast(filt)
+            return finish(step, raw[filt["_id"]]) if type(step) is Step and step.kind is read_kind else None
+
         for i in warm_steps:
             step = fast({"_id": i})
             _check(type(step) is Step and step.kind is read_kind, "a warm-up miss gave no READ step")
             _check(finish(step, raw[i]) == expected[i], "a warm-up admission returned a wrong document")
-        before = manager.snapshot()
-        gc.collect()
-        for i in timed:
-            want = expected[i]
-            doc = raw[i]
-            filt = {"_id": i}
-            t0 = clock()
-            step = fast(filt)
-            got = finish(step, doc) if type(step) is Step and step.kind is read_kind else not_read
-            t1 = clock()
-            if extra:
-                t1 = _stretch(t0, t1, extra)
-            times.append(t1 - t0)
-            mismatches += got != want
-            del got, step
-        after = manager.snapshot()
-        for i in timed:
-            mismatches += cached.find_one({"_id": i}) != expected[i]
+        not_read = "wrong documents (or misses without a READ step)"
+        times, before, after = _timed(b, manager, timed, admit, expected, not_read)
+        wrong = sum(cached.find_one({"_id": i}) != expected[i] for i in timed)
         checked = manager.snapshot()
     misses, admitted = after.misses - before.misses, after.admissions - before.admissions
     later_hits = checked.hits - after.hits
-    _check(not mismatches, f"{mismatches} wrong documents (or misses without a READ step)")
+    _check(not wrong, f"{wrong} wrong documents")
     _check(
         misses == n and admitted == n and later_hits == n,
         f"{misses} misses, {admitted} admissions, {later_hits} later hits for {n} admissions",
@@ -489,8 +469,6 @@ def case_admission(b: BlockContext) -> dict[str, Any]:
 
 
 def case_invalidation(b: BlockContext) -> dict[str, Any]:
-    from client_query_cache import CacheManager
-
     ids = list(range(*b.ranges["invalidation"]))
     expected, _ = _stored(b.client[b.db_name][INVAL], ids)
     n = b.ops["invalidation"]
@@ -499,11 +477,8 @@ def case_invalidation(b: BlockContext) -> dict[str, Any]:
     clock, extra = time.perf_counter_ns, b.extra
     times: list[int] = []
     stale_reads = 0
-    with CacheManager(b.client) as manager:
-        cached = manager[b.db_name][INVAL]
+    with _cache(b, INVAL, ids, expected) as (manager, cached):
         raw = cached.raw
-        _wait_ready(manager, b.db_name)
-        _admit_all(manager, cached, ids, expected)
         find_one = cached.find_one
         before = manager.snapshot()
         gc.collect()
@@ -556,27 +531,17 @@ CASE_FUNCS: dict[str, Callable[[BlockContext], dict[str, Any]]] = {
 def run_block(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the cases of one block with this interpreter's package, which must
     be the one in ``cfg["lib"]``."""
-    import importlib
-
-    package = importlib.import_module("client_query_cache")
-    native = importlib.import_module("client_query_cache._native")
     lib = Path(cfg["lib"]).resolve()
-    for mod in (package, native):
-        where = Path(str(mod.__file__)).resolve()
+    for name in ("client_query_cache", "client_query_cache._native"):
+        where = Path(str(importlib.import_module(name).__file__)).resolve()
         if not where.is_relative_to(lib):
-            raise RuntimeError(f"{mod.__name__} was imported from {where}, not from {lib}")
+            raise RuntimeError(f"{name} was imported from {where}, not from {lib}")
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(cfg["uri"])
     results: dict[str, Any] = {}
     try:
         for case in cfg["cases"]:
-            ctx = BlockContext(
-                client=client,
-                db_name=cfg["db"],
-                ops=cfg["ops"],
-                ranges=cfg["ranges"],
-                seed=cfg["seed"] * 8 + CASES.index(case),
-                extra=cfg["extra"],
-            )
+            seed = cfg["seed"] * 8 + CASES.index(case)
+            ctx = BlockContext(client, cfg["db"], cfg["ops"], cfg["ranges"], seed, cfg["extra"])
             started = time.perf_counter()
             try:
                 results[case] = CASE_FUNCS[case](ctx)
@@ -587,15 +552,7 @@ def run_block(cfg: dict[str, Any]) -> dict[str, Any]:
             results[case]["seconds"] = time.perf_counter() - started
     finally:
         client.close()
-    return {"cases": results, "pid": os.getpid()}
-
-
-def _block_main(argv: list[str]) -> int:
-    config_path, out_path = argv
-    with open(config_path, encoding="utf-8") as fh:
-        cfg = json.load(fh)
-    write_json(out_path, run_block(cfg))
-    return 0
+    return {"cases": results}
 
 
 # -- The parent: sides, data, pairs of blocks, report ----------------------------
@@ -603,7 +560,6 @@ def _block_main(argv: list[str]) -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Side:
-    name: str  # "base" or "work"
     label: str  # what was built
     lib: Path
     extra: float
@@ -648,9 +604,8 @@ def load_data(uri: str, db_name: str, ranges: dict[str, list[int]], seed: int) -
 
 
 def run_child(side: Side, cfg: dict[str, Any], workdir: Path, tag: str) -> dict[str, Any]:
-    cfg = dict(cfg, lib=str(side.lib), extra=side.extra)
     config_path, out_path = workdir / f"{tag}.json", workdir / f"{tag}.out.json"
-    write_json(str(config_path), cfg)
+    write_json(str(config_path), dict(cfg, lib=str(side.lib), extra=side.extra))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CQC_SANITIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(side.lib), str(REPO_ROOT)])
     cmd = [sys.executable, "-m", "benchmarks.guard", _RUN_BLOCK, str(config_path), str(out_path)]
@@ -664,73 +619,49 @@ def run_child(side: Side, cfg: dict[str, Any], workdir: Path, tag: str) -> dict[
     if proc.returncode != 0 or not out_path.exists():
         tail = "\n".join(proc.stderr.splitlines()[-25:])
         raise GuardError(f"block {tag} ({side.label}) failed with status {proc.returncode}:\n{tail}")
-    with open(out_path, encoding="utf-8") as fh:
-        result: dict[str, Any] = json.load(fh)
+    result: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
     return result
-
-
-def _fmt_ns(ns: float) -> str:
-    return "-" if not math.isfinite(ns) else f"{ns / 1000:.2f}"
 
 
 def measure(
     sides: dict[str, Side], uri: str, db_name: str, args: argparse.Namespace, workdir: Path
-) -> tuple[dict[str, Comparison], list[dict[str, Any]]]:
-    """Run the warm-up pair and ``args.blocks`` measured pairs; compare."""
+) -> tuple[list[dict[str, Any]], dict[str, Comparison]]:
+    """Run the warm-up pairs and ``args.blocks`` measured pairs; returns the
+    blocks and the cases dropped on the way (the base cannot run them, or
+    the working tree fails them) with their comparison."""
     ops = ops_per_block(args.ops)
-    ranges = id_ranges(ops)
+    cfg = {"uri": uri, "db": db_name, "ops": ops, "ranges": id_ranges(ops)}
     blocks: list[dict[str, Any]] = []
-    medians: dict[str, dict[str, list[float]]] = {c: {"base": [], "work": []} for c in CASES}
     dropped: dict[str, Comparison] = {}
-    pairs = args.blocks
-    for p in range(-args.warmup_pairs, pairs):
-        order = ("base", "work") if p % 2 == 0 else ("work", "base")
+    for p in range(-args.warmup_pairs, args.blocks):
         rot = p % len(CASES)
         cases = [c for c in CASES[rot:] + CASES[:rot] if c not in dropped]
         if not cases:
             break
-        what = "warm-up pair" if p < 0 else f"pair {p + 1}/{pairs}"
-        for side_name in order:
-            side = sides[side_name]
-            cfg = {"uri": uri, "db": db_name, "cases": cases, "ops": ops, "ranges": ranges, "seed": args.seed + p}
+        what = "warm-up pair" if p < 0 else f"pair {p + 1}/{args.blocks}"
+        for side in ("base", "work") if p % 2 == 0 else ("work", "base"):
             started = time.perf_counter()
-            out = run_child(side, cfg, workdir, f"{p + args.warmup_pairs:02d}-{side_name}")
+            tag = f"{p + args.warmup_pairs:02d}-{side}"
+            out = run_child(sides[side], dict(cfg, cases=cases, seed=args.seed + p), workdir, tag)
             wall = time.perf_counter() - started
-            blocks.append({"pair": p, "side": side_name, "cases": out["cases"], "seconds": wall})
-            parts = []
+            blocks.append({"pair": p, "side": side, "cases": out["cases"], "seconds": wall})
             for case in cases:
                 r = out["cases"][case]
                 if "p50_ns" in r:
-                    parts.append(f"{case} {_fmt_ns(r['p50_ns'])}")
-                    if p >= 0:
-                        medians[case][side_name].append(float(r["p50_ns"]))
                     continue
-                parts.append(f"{case} -")
                 # The last line of the traceback; the whole one is in the block's report.
                 problem = (r.get("unavailable") or r.get("error") or "?").strip().splitlines()[-1]
-                if side_name == "base":
+                if side == "base":
                     dropped[case] = not_measured(Verdict.NOT_COMPARABLE, f"the base cannot run it: {problem}")
                 else:
                     dropped[case] = not_measured(Verdict.ERROR, f"the working tree fails it: {problem}")
-            progress(f"[{what}] {side_name}: " + ", ".join(parts) + f" (p50 us; {wall:.1f} s)")
-    comparisons: dict[str, Comparison] = {}
-    for case in CASES:
-        if case in dropped:
-            comparisons[case] = dropped[case]
-        else:
-            m = medians[case]
-            comparisons[case] = decide(
-                m["base"], m["work"], threshold=args.threshold, confidence=args.confidence
-            )
-    return comparisons, blocks
+            parts = ", ".join(f"{case} {_fmt_ns(out['cases'][case].get('p50_ns', math.nan))}" for case in cases)
+            progress(f"[{what}] {side}: {parts} (p50 us; {wall:.1f} s)")
+    return blocks, dropped
 
 
-def _median_of_block_medians(blocks: list[dict[str, Any]], case: str, side: str) -> float:
-    vals = sorted(
-        b["cases"][case]["p50_ns"] for b in blocks
-        if b["pair"] >= 0 and b["side"] == side and "p50_ns" in b["cases"].get(case, {})
-    )  # fmt: skip
-    return quantile(vals, 50) if vals else float("nan")
+def _fmt_ns(ns: float) -> str:
+    return kit.cell(ns / 1000, ".2f")
 
 
 def _block_medians(blocks: list[dict[str, Any]], case: str, side: str) -> list[Any]:
@@ -748,19 +679,19 @@ def _print(report: dict[str, Any]) -> None:
     )
     if cfg["slowdown_injection"] != 1.0:
         print(f"SELF-CHECK: the working-tree side's timed intervals are stretched {cfg['slowdown_injection']:g}x")
-    print(
-        f"{'case':<13} {'ops':>5} {'base p50 us':>12} {'work p50 us':>12} {'work/base':>9} "
-        f"{'estimate':>8} {format(cfg['confidence'], '.0%') + ' interval':>17}  verdict"
-    )
+    columns = [
+        ("case", "<13"), ("ops", ">5"), ("base p50 us", ">12"), ("work p50 us", ">12"), ("work/base", ">9"),
+        ("estimate", ">8"), (f"{cfg['confidence']:.0%} interval", ">17"), ("verdict", ""),
+    ]  # fmt: skip
+    rows = []
     for case, r in report["cases"].items():
         c = r["comparison"]
-        span = "-" if not math.isfinite(c["ci_low"]) else f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
-        ratio = "-" if not math.isfinite(c["ratio_of_medians"]) else f"{c['ratio_of_medians']:.3f}"
-        est = "-" if not math.isfinite(c["estimate"]) else f"{c['estimate']:.3f}"
-        print(
-            f"{case:<13} {cfg['ops'][case]:>5} {_fmt_ns(r['base_p50_ns']):>12} {_fmt_ns(r['work_p50_ns']):>12} "
-            f"{ratio:>9} {est:>8} {span:>17}  {c['verdict']}"
-        )
+        span = f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]" if math.isfinite(c["ci_low"]) else "-"
+        rows.append((
+            case, cfg["ops"][case], _fmt_ns(r["base_p50_ns"]), _fmt_ns(r["work_p50_ns"]),
+            kit.cell(c["ratio_of_medians"], ".3f"), kit.cell(c["estimate"], ".3f"), span, c["verdict"],
+        ))  # fmt: skip
+    kit.table(columns, rows)
     for case, r in report["cases"].items():
         c = r["comparison"]
         if c["verdict"] != Verdict.OK.value:
@@ -786,35 +717,27 @@ def _describe_worktree() -> str:
 def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    base_sha = resolve_rev(args.base_rev)
-    export_rev(base_sha, tmp / "base-src")
-    check_layout(tmp / "base-src", f"BASE_REV {args.base_rev} ({base_sha[:12]})")
-    if args.work_rev:
-        work_sha = resolve_rev(args.work_rev)
-        export_rev(work_sha, tmp / "work-src")
-        work_label = f"{args.work_rev} ({work_sha[:12]})"
-    else:
-        export_worktree(tmp / "work-src")
-        work_label = _describe_worktree()
-    check_layout(tmp / "work-src", work_label)
+    shas: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    for name, rev in (("base", args.base_rev), ("work", args.work_rev)):
+        if name == "base" or rev:
+            shas[name] = resolve_rev(rev)
+            export_rev(shas[name], tmp / f"{name}-src")
+            labels[name] = f"{rev} ({shas[name][:12]})"
+        else:
+            export_worktree(tmp / f"{name}-src")
+            labels[name] = _describe_worktree()
+        check_layout(tmp / f"{name}-src", f"BASE_REV {labels[name]}" if name == "base" else labels[name])
     progress("building both sides (setup.py build, out of place)...")
-    builds = {
-        name: start_build(tmp / f"{name}-src", tmp / name) for name in ("base", "work")
-    }  # both at once: two cores, one compiler each
-    labels = {"base": f"{args.base_rev} ({base_sha[:12]})", "work": work_label}
-    for name, (proc, lib, log) in builds.items():
-        finish_build(proc, lib, log, labels[name])
+    libs = build({name: tmp / f"{name}-src" for name in labels}, tmp, labels)
     timings["build"] = time.perf_counter() - t
     sides = {
-        "base": Side("base", labels["base"], tmp / "base" / "lib", 0.0),
-        "work": Side("work", labels["work"], tmp / "work" / "lib", args.slowdown_injection - 1.0),
+        "base": Side(labels["base"], libs["base"], 0.0),
+        "work": Side(labels["work"], libs["work"], args.slowdown_injection - 1.0),
     }
-    report["base"] = {"label": labels["base"], "commit": base_sha}
-    report["work"] = {
-        "label": labels["work"],
-        "commit": resolve_rev(args.work_rev) if args.work_rev else None,
-        "head": None if args.work_rev else resolve_rev("HEAD"),
-    }
+    report["base"] = {"label": labels["base"], "commit": shas["base"]}
+    head = None if args.work_rev else resolve_rev("HEAD")
+    report["work"] = {"label": labels["work"], "commit": shas.get("work"), "head": head}
 
     progress("starting the server (or using MONGODB_URI)...")
     with kit.server() as uri:
@@ -822,13 +745,12 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
         db_name = f"cqc_guard_{int(time.time())}_{rng.randint(0, 10**6)}"
         try:
             t = time.perf_counter()
-            ops = ops_per_block(args.ops)
-            report["data"] = load_data(uri, db_name, id_ranges(ops), args.seed)
+            report["data"] = load_data(uri, db_name, id_ranges(ops_per_block(args.ops)), args.seed)
             timings["data"] = time.perf_counter() - t
             t = time.perf_counter()
             workdir = tmp / "blocks"
             workdir.mkdir()
-            comparisons, blocks = measure(sides, uri, db_name, args, workdir)
+            blocks, dropped = measure(sides, uri, db_name, args, workdir)
             timings["blocks"] = time.perf_counter() - t
         finally:
             client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
@@ -839,16 +761,18 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
             finally:
                 client.close()
     report["blocks"] = blocks
-    report["cases"] = {
-        case: {
+    report["cases"] = {}
+    comparisons: dict[str, Comparison] = {}
+    for case in CASES:
+        medians = {side: _block_medians(blocks, case, side) for side in ("base", "work")}
+        comparisons[case] = dropped.get(case) or decide(
+            medians["base"], medians["work"], threshold=args.threshold, confidence=args.confidence
+        )
+        report["cases"][case] = {
             "comparison": comparisons[case].as_dict(),
-            "base_p50_ns": _median_of_block_medians(blocks, case, "base"),
-            "work_p50_ns": _median_of_block_medians(blocks, case, "work"),
-            "base_block_p50_ns": _block_medians(blocks, case, "base"),
-            "work_block_p50_ns": _block_medians(blocks, case, "work"),
+            **{f"{side}_p50_ns": quantile(sorted(m for m in ms if m is not None), 50) for side, ms in medians.items()},
+            **{f"{side}_block_p50_ns": ms for side, ms in medians.items()},
         }
-        for case in CASES
-    }
     report["seconds"] = timings
     status = exit_status(comparisons)
     verdicts = {c.verdict for c in comparisons.values()}
@@ -862,9 +786,11 @@ def _guard(args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [_RUN_BLOCK]:
-        return _block_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.guard", description=__doc__.split("\n")[0])
+    if argv[:1] == [_RUN_BLOCK]:  # a block: its config and result files
+        with open(argv[1], encoding="utf-8") as fh:
+            write_json(argv[2], run_block(json.load(fh)))
+        return 0
+    parser = kit.parser("guard", __doc__, seed=20261203)
     parser.add_argument("base_rev", metavar="BASE_REV", help="the revision to compare the working tree with")
     parser.add_argument("--quick", action="store_true", help="6 pairs, 500 hit reads per block (a smoke run)")
     parser.add_argument("--blocks", type=int, default=None, help="measured pairs of blocks (default 12, quick 6)")
@@ -872,7 +798,6 @@ def main(argv: list[str] | None = None) -> int:
         "--ops", type=int, default=None,
         help="hit reads per block (default 2000, quick 500); admission ops/2, miss ops/10, invalidation ops/50",
     )  # fmt: skip
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--work-rev", metavar="REV", help="build REV instead of the working tree")
     parser.add_argument("--threshold", type=float, default=THRESHOLD, help="work/base ratio that fails (1.15)")
     parser.add_argument("--confidence", type=float, default=CONFIDENCE, help="of the intervals (0.95)")
@@ -881,7 +806,6 @@ def main(argv: list[str] | None = None) -> int:
         help="self-check: stretch every timed interval of the working-tree side F times",
     )  # fmt: skip
     parser.add_argument("--warmup-pairs", type=int, default=1, help="discarded pairs before measuring (1)")
-    parser.add_argument("--seed", type=int, default=20261203)
     args = parser.parse_args(argv)
     args.blocks = args.blocks if args.blocks is not None else (6 if args.quick else 12)
     args.ops = args.ops if args.ops is not None else (500 if args.quick else 2000)
@@ -894,14 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "mode": "quick" if args.quick else "full",
-        "method": {
-            "blocks": "one child process per side and pair, ABBA order, warm-up pair discarded; "
-            "per block and case the nearest-rank median of the per-operation times",
-            "comparison": "paired log ratios work/base of the block medians: Hodges-Lehmann "
-            "estimate, exact Wilcoxon signed-rank confidence interval",
-            "verdict": "slower if the interval is above the threshold, ok if below, else inconclusive",
-            "timer": "time.perf_counter_ns around each operation",
-        },
+        "method": METHOD,
         "config": {
             "base_rev": args.base_rev,
             "work_rev": args.work_rev,
