@@ -90,9 +90,6 @@ def _process_cpu_s(pid: int) -> float:
 #    samples the owner's CPU, then PSS and cumulative CPU of every process
 #    while the workers wait (managers and mappings attached);
 # release: the workers report the window on the queue.
-#
-# Any failure puts ("error", index, traceback) on the queue and aborts the
-# barrier, so the parent fails at once instead of waiting for a timeout.
 
 
 @dataclasses.dataclass
@@ -427,9 +424,7 @@ def _window_stat(
             owner_snapshot["active_streams"] if owner_snapshot is not None else sum(w["streams"] for w in workers)
         ),
     }
-    reasons: collections.Counter[str] = collections.Counter()
-    for w in workers:
-        reasons.update(w.get("bypass_reasons", {}))
+    reasons = sum((collections.Counter(w.get("bypass_reasons", {})) for w in workers), collections.Counter())
     if reasons:
         stat["bypass_reasons"] = dict(reasons)
     if owner_snapshot is not None:
