@@ -18,7 +18,7 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import pymongo
@@ -232,7 +232,10 @@ class _Plan:
         return {"_id": doc}, {"$set": {"version": v, "stamp": f"{doc}:{v}"}}, v
 
 
-def _task(rec: _Reads, plan: _Plan, shared: Shared, end_by: int, applied: Any) -> Iterator[Any]:
+_Ops = Generator[tuple[Any, ...], tuple[int, int, Any], None]
+
+
+def _task(rec: _Reads, plan: _Plan, shared: Shared, end_by: int, applied: Any) -> _Ops:
     """One reading task's operations, a generator: it yields ``(WRITE,
     document, filter, update, version)`` or ``(kind, target, floor,
     applied)``, and is sent back (start, end, result) of a read. It ends
@@ -257,7 +260,7 @@ def _task(rec: _Reads, plan: _Plan, shared: Shared, end_by: int, applied: Any) -
             return
 
 
-async def _perform(task: Iterator[Any], coll: Any, rec: _Reads, times: WriteTimes, is_async: bool) -> None:
+async def _perform(task: _Ops, coll: Any, rec: _Reads, times: WriteTimes, is_async: bool) -> None:
     """Run a task's operations on ``coll``; each read is timed around its call (and await)."""
     clock, op, pause = time.monotonic_ns, next(task), rec.spec["read_pause"]
     while True:
@@ -344,6 +347,7 @@ def _writer(coll: Any, docs: Sequence[int], count: int, interval: float, seed: s
 def write_all(coll: Any, *, writers: int, documents: int, writes: int, interval: float, seed: str) -> list[Write]:
     """``writes`` updates split over ``writers`` threads, each owning the
     documents ``k`` with ``k % writers == its index``."""
+
     def one(w: int) -> list[Write]:
         share = writes // writers + (1 if w < writes % writers else 0)
         return _writer(coll, range(w, documents, writers), share, interval, f"{seed}/w{w}")
