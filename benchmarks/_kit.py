@@ -8,6 +8,7 @@ Reference: docs/benchmarks.md, "Harness reference".
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -648,3 +649,40 @@ def cell(value: float | None, spec: str) -> str:
     """``value`` formatted with ``spec`` for a table, or "-" when there is
     none (None, nan or infinite)."""
     return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+# -- added for public_shared_cache/coherence --
+
+
+async def resolved(value: Any) -> Any:
+    """``value``, awaited if the API that returned it is async: one worker body for both APIs."""
+    return await value if asyncio.iscoroutine(value) else value
+
+
+@contextlib.asynccontextmanager
+async def worker_client(
+    uri: str, is_async: bool, shared: str | None, *, cached: bool = True, listeners: Sequence[Any] = (), **local: Any
+) -> AsyncIterator[tuple[Any, Any]]:
+    """A worker's ``MongoClient`` (``AsyncMongoClient`` if ``is_async``) with the command
+    ``listeners``, and its cache manager (``manager_for``; None unless ``cached``); both are
+    closed when the block ends."""
+    import client_query_cache as cqc
+
+    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(uri, event_listeners=list(listeners))
+    manager: Any = None
+    try:
+        if cached:
+            manager = manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared, **local)
+        yield client, manager
+    finally:
+        if manager is not None:
+            await resolved(manager.close())
+        await resolved(client.close())
+
+
+async def registered(manager: Any, coll: Any, db: str, timeout: float) -> None:
+    """Register ``coll`` with a first read (of ``_id`` 0), which starts the database's change
+    stream, and wait until the stream is ready."""
+    await resolved(coll.find_one({"_id": 0}))
+    if not await resolved(manager.wait_ready(timeout, database=db)):
+        raise BenchmarkFailed("the change stream did not become ready")

@@ -10,21 +10,22 @@ import argparse
 import array
 import asyncio
 import bisect
+import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import random
 import secrets
 import sys
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import pymongo
 
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
-from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, judge
+from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge
 
 SCHEMA = "cqc.coherence/2"
 PATHS = ("shared", "local")
@@ -54,13 +55,11 @@ ASYNC_TASKS = 2
 #: Reads after a worker has seen the last write applied.
 TAIL_NS = 100_000_000
 LOCAL_BUDGET_BYTES = 8 * 1024 * 1024
+PAD_BYTES = 512
+MAX_AWAIT_MS = 200
 
 FULL = {"workers": 4, "writes": 600, "documents": 12, "groups": 3}
 QUICK = {"workers": 2, "writes": 60, "documents": 6, "groups": 2}
-
-
-def _pad(k: int, pad_bytes: int) -> str:
-    return (f"{k:04d}" * (pad_bytes // 4 + 1))[:pad_bytes]
 
 
 def document(k: int, version: int, groups: int, pad_bytes: int) -> dict[str, Any]:
@@ -70,7 +69,7 @@ def document(k: int, version: int, groups: int, pad_bytes: int) -> dict[str, Any
         "group": k % groups,
         "version": version,
         "stamp": f"{k}:{version}",
-        "pad": _pad(k, pad_bytes),
+        "pad": (f"{k:04d}" * (pad_bytes // 4 + 1))[:pad_bytes],
     }
 
 
@@ -93,24 +92,20 @@ class _Reads:
     """A worker process's records (all its tasks together): one row per
     returned document, its own writes, the applied-time transitions it saw,
     the highest version of each document it has seen (read or written: the
-    floor of its ``count`` reads) and the wrong results (with examples)."""
+    floor of its ``count`` reads), the wrong results (with examples), and
+    whether it stopped at the run limit, before the last write was seen."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.rows = Rows()
         self.writes: list[Write] = []
         self.seen_ts, self.seen_at = array.array("q"), array.array("q")
-        self.reads = 0
-        self.wrong = 0
+        self.reads = self.wrong = 0
         self.examples: list[str] = []
-        total = spec["documents"] + len(spec["own_all"])
-        self.top = [0] * total
-        self.group_members = [sorted(k for k in range(total) if k % spec["groups"] == g) for g in range(spec["groups"])]
-
-    def saw(self, applied: int, at_ns: int) -> None:
-        if not self.seen_ts or applied != self.seen_ts[-1]:
-            self.seen_ts.append(applied)
-            self.seen_at.append(at_ns)
+        self.unfinished = False
+        self.top = [0] * spec["total"]
+        groups = spec["groups"]
+        self.group_members = [[k for k in range(spec["total"]) if k % groups == g] for g in range(groups)]
 
     def _bad(self, why: str) -> None:
         self.wrong += 1
@@ -138,7 +133,7 @@ class _Reads:
             got = [got]
         out = []
         for doc in got:
-            checked = check_document(doc, self.spec["groups"], self.spec["pad_bytes"]) if kind != DISTINCT else doc
+            checked = check_document(doc, self.spec["groups"], PAD_BYTES) if kind != DISTINCT else doc
             if isinstance(checked, str):
                 self._bad(checked)
                 return None
@@ -152,14 +147,15 @@ class _Reads:
 
     def record(self, kind: int, target: int, got: Any, floor: int, applied: int, t0: int, t1: int) -> None:
         self.reads += 1
-        self.saw(applied, t0)
-        found = self._versions(kind, target, got, floor)
-        for k, version, bound in found or ():
+        if not self.seen_ts or applied != self.seen_ts[-1]:
+            self.seen_ts.append(applied)
+            self.seen_at.append(t0)
+        for k, version, bound in self._versions(kind, target, got, floor) or ():
             self.rows.add(k, version, applied, t0, t1, kind, bound)
             if bound != AT_MOST:
                 self.top[k] = max(self.top[k], version)
 
-    def result(self, before: Any, after: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    def result(self, before: Any, after: Any) -> dict[str, Any]:
         return {
             "index": self.spec["index"],
             "reads": self.reads,
@@ -172,7 +168,7 @@ class _Reads:
             "hits": after.hits - before.hits,
             "misses": after.misses - before.misses,
             "bypasses": after.bypass_total - before.bypass_total,
-            **extra,
+            "unfinished": self.unfinished,
         }
 
 
@@ -184,42 +180,30 @@ def _stamp(text: Any) -> tuple[int, int] | str:
     return int(k), int(v)
 
 
-def _request(kind: int, target: int, floor: int) -> tuple[str, tuple[Any, ...]]:
-    """The collection method and arguments of a read."""
+def _read(coll: Any, kind: int, target: int, floor: int) -> Any:
+    """A read of ``kind`` (a coroutine for an async collection)."""
     if kind == ID:
-        return "find_one", ({"_id": target},)
+        return coll.find_one({"_id": target})
     if kind == KEY:
-        return "find_one", ({"key": f"k{target}"},)
+        return coll.find_one({"key": f"k{target}"})
     if kind == GROUP:
-        return "find", ({"group": target},)
+        return coll.find({"group": target}).to_list()
     if kind == DISTINCT:
-        return "distinct", ("stamp", {"group": target})
-    return "count_documents", ({"_id": target, "version": {"$gte": floor}},)
+        return coll.distinct("stamp", {"group": target})
+    return coll.count_documents({"_id": target, "version": {"$gte": floor}})
 
 
 def _operations(spec: dict[str, Any]) -> list[tuple[int, int]]:
     """Every read a worker warms up with and chooses from: (kind, target)."""
-    total, groups = spec["documents"] + len(spec["own_all"]), spec["groups"]
-    ops = [(kind, k) for kind in (ID, KEY, COUNT) for k in range(total)]
-    return ops + [(kind, g) for kind in (GROUP, DISTINCT) for g in range(groups)]
-
-
-def _choose(rng: random.Random, ops: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    """A read: its kind by ``KIND_WEIGHTS``, then its target."""
-    kind = rng.choices(range(len(KIND_NAMES)), weights=KIND_WEIGHTS)[0]
-    return rng.choice([op for op in ops if op[0] == kind])
-
-
-def _readback(doc: int, groups: int, rng: random.Random) -> tuple[int, int]:
-    """A read, of a random kind, that returns ``doc`` (after writing it)."""
-    kind = rng.choice((ID, KEY, GROUP, DISTINCT, COUNT))
-    return kind, (doc % groups if kind in (GROUP, DISTINCT) else doc)
+    ops = [(kind, k) for kind in (ID, KEY, COUNT) for k in range(spec["total"])]
+    return ops + [(kind, g) for kind in (GROUP, DISTINCT) for g in range(spec["groups"])]
 
 
 class _Plan:
     """What one reading task (a sync worker has one) does next: after a
-    write of its own, a read of that document; else a write of one of its
-    own documents (``WRITE_SHARE`` of the operations), else a random read."""
+    write of its own, a read of that document, of a random kind; else a
+    write of one of its own documents (``WRITE_SHARE`` of the operations),
+    else a random read (its kind by ``KIND_WEIGHTS``, then its target)."""
 
     def __init__(self, spec: dict[str, Any], task: int, tasks: int) -> None:
         self.rng = random.Random(f"{spec['seed']}/{task}")
@@ -233,12 +217,14 @@ class _Plan:
         """(WRITE, document) or (read kind, target)."""
         if self.readback is not None:
             doc, self.readback = self.readback, None
-            return _readback(doc, self.groups, self.rng)
+            kind = self.rng.choice((ID, KEY, GROUP, DISTINCT, COUNT))
+            return kind, (doc % self.groups if kind in (GROUP, DISTINCT) else doc)
         if self.mine and self.rng.random() < WRITE_SHARE:
             doc = self.rng.choice(self.mine)
             self.readback = doc
             return WRITE, doc
-        return _choose(self.rng, self.ops)
+        kind = self.rng.choices(range(len(KIND_NAMES)), weights=KIND_WEIGHTS)[0]
+        return self.rng.choice([op for op in self.ops if op[0] == kind])
 
     def update(self, doc: int) -> tuple[dict[str, Any], dict[str, Any], int]:
         """The filter and update of this task's next write of ``doc``."""
@@ -246,51 +232,16 @@ class _Plan:
         return {"_id": doc}, {"$set": {"version": v, "stamp": f"{doc}:{v}"}}, v
 
 
-class _Ending:
-    """When a task stops: after the parent's last write was seen applied,
-    ``TAIL_NS`` more; or at the run limit (unfinished)."""
-
-    def __init__(self, spec: dict[str, Any], stop: Any, final: Any) -> None:
-        self.stop, self.final = stop, final
-        self.end_by = time.monotonic_ns() + int(spec["run_limit"] * 1e9)
-        self.unfinished = False
-
-    def task(self) -> Any:
-        tail_until = 0
-
-        def done(applied: int, t1: int) -> bool:
-            nonlocal tail_until
-            if self.stop.value:
-                if tail_until:
-                    if t1 >= tail_until:
-                        return True
-                elif applied >= self.final[0]:
-                    tail_until = t1 + TAIL_NS
-            if t1 > self.end_by:
-                self.unfinished = True
-                return True
-            return False
-
-        return done
+_Ops = Generator[tuple[Any, ...], tuple[int, int, Any], None]
 
 
-def _read(coll: Any, kind: int, target: int, floor: int) -> Any:
-    """A read (a coroutine for an async collection)."""
-    method, args = _request(kind, target, floor)
-    got = getattr(coll, method)(*args)
-    return got.to_list() if method == "find" else got
-
-
-async def _done(value: Any) -> Any:
-    """``value``, awaited if the API is async: one worker body for both."""
-    return await value if asyncio.iscoroutine(value) else value
-
-
-def _task(rec: _Reads, plan: _Plan, done: Any, applied: Any, counters: Any) -> Any:
+def _task(rec: _Reads, plan: _Plan, shared: Shared, end_by: int, applied: Any) -> _Ops:
     """One reading task's operations, a generator: it yields ``(WRITE,
     document, filter, update, version)`` or ``(kind, target, floor,
-    applied)``, and is sent back (start, end, result) of a read."""
-    index = rec.spec["index"]
+    applied)``, and is sent back (start, end, result) of a read. It ends
+    ``TAIL_NS`` after it saw the parent's last write applied, or at
+    ``end_by`` (unfinished)."""
+    tail_until = 0
     while True:
         kind, target = plan.next()
         if kind == WRITE:
@@ -299,72 +250,55 @@ def _task(rec: _Reads, plan: _Plan, done: Any, applied: Any, counters: Any) -> A
         floor, a = rec.top[target], applied()
         t0, t1, got = yield kind, target, floor, a
         rec.record(kind, target, got, floor, a, t0, t1)
-        counters[index] = rec.reads
-        if done(a, t1):
+        shared.counters[rec.spec["index"]] = rec.reads
+        if shared.stop.value and not tail_until and a >= shared.final[0]:
+            tail_until = t1 + TAIL_NS
+        elif tail_until and t1 >= tail_until:
+            return
+        if t1 > end_by:
+            rec.unfinished = True
             return
 
 
-def _run_sync(task: Any, coll: Any, rec: _Reads, times: WriteTimes, pause: float) -> None:
-    clock, op = time.monotonic_ns, next(task)
+async def _perform(task: _Ops, coll: Any, rec: _Reads, times: WriteTimes, is_async: bool) -> None:
+    """Run a task's operations on ``coll``; each read is timed around its call (and await)."""
+    clock, op, pause = time.monotonic_ns, next(task), rec.spec["read_pause"]
     while True:
         if op[0] == WRITE:
             sent = clock()
-            coll.update_one(op[2], op[3])
+            call = coll.update_one(op[2], op[3])
+            if is_async:
+                await call
             rec.wrote(Write(op[1], op[4], times.take(op[1], op[4]), sent, clock()))
             op = next(task)
             continue
         t0 = clock()
-        got = _read(coll, *op[:3])
+        call = _read(coll, *op[:3])
+        got = await call if is_async else call
         t1 = clock()
         try:
             op = task.send((t0, t1, got))
         except StopIteration:
             return
-        if pause:
+        if is_async:
+            await asyncio.sleep(pause)
+        elif pause:
             time.sleep(pause)
 
 
-async def _run_async(task: Any, coll: Any, rec: _Reads, times: WriteTimes, pause: float) -> None:
-    clock, op = time.monotonic_ns, next(task)
-    while True:
-        if op[0] == WRITE:
-            sent = clock()
-            await coll.update_one(op[2], op[3])
-            rec.wrote(Write(op[1], op[4], times.take(op[1], op[4]), sent, clock()))
-            op = next(task)
-            continue
-        t0 = clock()
-        got = await _read(coll, *op[:3])
-        t1 = clock()
-        try:
-            op = task.send((t0, t1, got))
-        except StopIteration:
-            return
-        await asyncio.sleep(pause)
-
-
 async def _work(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
-    """A worker of either API: the setup awaits what the async API returns,
-    the reads run in ``_run_sync`` or in ``ASYNC_TASKS`` tasks of ``_run_async``."""
-    import client_query_cache as cqc
-
-    is_async, timeout = spec["api"] == "async", spec["timeout"]
-    times = WriteTimes()
-    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(spec["uri"], event_listeners=[times])
-    manager: Any = None
-    try:
-        cls = cqc.AsyncCacheManager if is_async else cqc.CacheManager
-        manager = kit.manager_for(cls, client, spec["shared_name"], budget_bytes=LOCAL_BUDGET_BYTES,
-                                  max_await_time_ms=spec["max_await_ms"])  # fmt: skip
+    """A worker of either API: warm-up until a whole pass over every read
+    hits, then one reading task (sync) or ``ASYNC_TASKS`` (async)."""
+    is_async, timeout, times = spec["api"] == "async", spec["timeout"], WriteTimes()
+    options = {"listeners": [times], "budget_bytes": LOCAL_BUDGET_BYTES, "max_await_time_ms": MAX_AWAIT_MS}
+    async with kit.worker_client(spec["uri"], is_async, spec["shared_name"], **options) as (_, manager):
         coll = manager[spec["db"]][spec["coll"]]
-        await _done(coll.find_one({"_id": 0}))
-        if not await _done(manager.wait_ready(timeout, database=spec["db"])):
-            raise BenchmarkFailed("the change stream did not become ready")
+        await kit.registered(manager, coll, spec["db"], timeout)
         warm, deadline = _operations(spec), time.monotonic() + timeout
-        while True:  # until a whole pass hits
+        while True:
             h0 = manager.snapshot().hits
             for kind, target in warm:
-                await _done(_read(coll, kind, target, 0))
+                await kit.resolved(_read(coll, kind, target, 0))
             if manager.snapshot().hits - h0 == len(warm):
                 break
             if time.monotonic() > deadline:
@@ -373,18 +307,11 @@ async def _work(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
         rec, applied = _Reads(spec), functools.partial(applied_time, manager, spec["db"])
         before = manager.snapshot()
         shared.barrier.wait(timeout)
-        ending = _Ending(spec, shared.stop, shared.final)
+        end_by = time.monotonic_ns() + int(spec["run_limit"] * 1e9)
         tasks = ASYNC_TASKS if is_async else 1
-        runs = [_task(rec, _Plan(spec, n, tasks), ending.task(), applied, shared.counters) for n in range(tasks)]
-        if is_async:
-            await asyncio.gather(*(_run_async(t, coll, rec, times, spec["read_pause"]) for t in runs))
-        else:
-            _run_sync(runs[0], coll, rec, times, spec["read_pause"])
-        return rec.result(before, manager.snapshot(), {"unfinished": ending.unfinished})
-    finally:
-        if manager is not None:
-            await _done(manager.close())
-        await _done(client.close())
+        runs = [_task(rec, _Plan(spec, n, tasks), shared, end_by, applied) for n in range(tasks)]
+        await asyncio.gather(*(_perform(task, coll, rec, times, is_async) for task in runs))
+        return rec.result(before, manager.snapshot())
 
 
 def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
@@ -395,50 +322,42 @@ def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
 # -- Writers ---------------------------------------------------------------------
 
 
-def _writer(
-    coll: Any, docs: Sequence[int], count: int, interval: float, seed: str, out: list[Write], errors: list[str]
-) -> None:
+def _writer(coll: Any, docs: Sequence[int], count: int, interval: float, seed: str) -> list[Write]:
+    """``count`` updates of ``docs``, each a version higher than its document's last, in one session."""
     rng = random.Random(seed)
     versions = dict.fromkeys(docs, 0)
-    clock = time.monotonic_ns
-    try:
-        with coll.database.client.start_session(causal_consistency=False) as session:
-            for _ in range(count):
-                k = rng.choice(docs)
-                v = versions[k] + 1
-                sent = clock()
-                coll.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
-                ack = clock()
-                ot = session.operation_time
-                if ot is None:
-                    raise BenchmarkFailed("the server returned no operationTime for a write")
-                versions[k] = v
-                out.append(Write(k, v, (ot.time << 32) | ot.inc, sent, ack))
-                if interval:
-                    time.sleep(interval)
-    except BaseException as exc:  # reported by the caller
-        errors.append(f"{type(exc).__name__}: {exc}")
+    out = []
+    with coll.database.client.start_session(causal_consistency=False) as session:
+        for _ in range(count):
+            k = rng.choice(docs)
+            v = versions[k] + 1
+            sent = time.monotonic_ns()
+            coll.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
+            ack = time.monotonic_ns()
+            ot = session.operation_time
+            if ot is None:
+                raise BenchmarkFailed("the server returned no operationTime for a write")
+            versions[k] = v
+            out.append(Write(k, v, (ot.time << 32) | ot.inc, sent, ack))
+            if interval:
+                time.sleep(interval)
+    return out
 
 
 def write_all(coll: Any, *, writers: int, documents: int, writes: int, interval: float, seed: str) -> list[Write]:
     """``writes`` updates split over ``writers`` threads, each owning the
     documents ``k`` with ``k % writers == its index``."""
-    outs: list[list[Write]] = [[] for _ in range(writers)]
-    errors: list[str] = []
-    threads = []
-    for w in range(writers):
-        docs = [k for k in range(documents) if k % writers == w]
+
+    def one(w: int) -> list[Write]:
         share = writes // writers + (1 if w < writes % writers else 0)
-        t = threading.Thread(
-            target=_writer, args=(coll, docs, share, interval, f"{seed}/w{w}", outs[w], errors), name=f"writer-{w}"
-        )
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+        return _writer(coll, range(w, documents, writers), share, interval, f"{seed}/w{w}")
+
+    with concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="writer") as threads:
+        futures = [threads.submit(one, w) for w in range(writers)]
+    errors = [exc for exc in (f.exception() for f in futures) if exc is not None]
     if errors:
-        raise BenchmarkFailed(f"a writer failed: {errors[0]}")
-    return sorted((w for out in outs for w in out), key=lambda w: w.optime)
+        raise BenchmarkFailed(f"a writer failed: {type(errors[0]).__name__}: {errors[0]}")
+    return sorted((w for f in futures for w in f.result()), key=lambda w: w.optime)
 
 
 # -- The oracle ------------------------------------------------------------------
@@ -448,24 +367,13 @@ def check_reads(oracle: Oracle, result: dict[str, Any]) -> dict[str, Any]:
     """One worker's rows judged (``_oracle.judge``): stale and impossible
     reads, and, where the rows carry start times, monotonic and
     read-your-writes violations (against ``result["writes"]``, its own)."""
-    verdict = judge(
-        result,
-        oracle=oracle,
-        own_writes=result.get("writes", ()),
-        label=f"worker {result['index']}: ",
-        kind_names=KIND_NAMES,
-    )
-    return {
-        "stale": verdict.stale,
-        "impossible": verdict.impossible,
-        "monotonic": verdict.monotonic,
-        "read_your_writes": verdict.read_your_writes,
-        "examples": list(verdict.examples),
-    }
+    own, label = result.get("writes", ()), f"worker {result['index']}: "
+    verdict = judge(result, oracle=oracle, own_writes=own, label=label, kind_names=KIND_NAMES)
+    return {**dataclasses.asdict(verdict), "examples": list(verdict.examples)}
 
 
 def staleness_windows(path: str, writes: Sequence[Write], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per write, acknowledgement to applied (see the module docstring)."""
+    """Per write, acknowledgement to applied (see docs/benchmarks.md)."""
     windows: list[int] = []
     before_ack = unobserved = 0
     for w in writes:
@@ -497,86 +405,51 @@ def staleness_windows(path: str, writes: Sequence[Write], results: Sequence[dict
 # -- One path --------------------------------------------------------------------
 
 
-def run_path(
-    uri: str,
-    *,
-    db: str,
-    path: str,
-    api: str,
-    workers: int,
-    writes: int,
-    documents: int,
-    groups: int,
-    writers: int = 2,
-    pad_bytes: int = 512,
-    write_interval: float = 0.004,
-    read_pause: float = 0.001,
-    max_await_ms: int = 200,
-    seed: int = 20261204,
-    timeout: float = 60.0,
-    status: Status | None = None,
-) -> dict[str, Any]:
-    """Check one path ("shared"/"local") x api ("sync"/"async"); every process
-    is ended and the collection dropped before this returns or raises."""
-    if path not in PATHS or api not in APIS:
-        raise ValueError(f"path must be one of {PATHS} and api one of {APIS}")
-    status = status or Status(quiet=True)
-    label = f"{path}/{api}"
-    coll_name = f"docs_{path}_{api}"
+def run_path(uri: str, args: argparse.Namespace, *, db: str, path: str, api: str, status: Status) -> dict[str, Any]:
+    """Check one path ("shared"/"local") x api ("sync"/"async") with the
+    options ``args``; every process is ended and the collection dropped
+    before this returns or raises."""
+    label, coll_name = f"{path}/{api}", f"docs_{path}_{api}"
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     owner: Any = None
     pool: kit.Pool | None = None
     try:
         coll = client[db][coll_name]
-        own = [list(range(documents + n * OWN_DOCS, documents + (n + 1) * OWN_DOCS)) for n in range(workers)]
-        total = documents + workers * OWN_DOCS
-        coll.insert_many([document(k, 0, groups, pad_bytes) for k in range(total)])
+        total = args.documents + args.workers * OWN_DOCS
+        coll.insert_many([document(k, 0, args.groups, PAD_BYTES) for k in range(total)])
         coll.create_index("key", unique=True)
         coll.create_index("group")
-        shared_name = None
         if path == "shared":
             status(f"{label}: starting the owner")
             geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0}
             owner = kit.start_owner(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)
-            shared_name = owner.name
-        pool = kit.Pool(workers, timeout=timeout)
+        pool = kit.Pool(args.workers, timeout=args.timeout)
         pool.shared.final[0] = (1 << 63) - 1  # set to the last write's time when done
-        status(f"{label}: starting {workers} workers")
-        pool.start(
-            [
-                {
-                    "uri": uri,
-                    "db": db,
-                    "coll": coll_name,
-                    "path": path,
-                    "api": api,
-                    "index": n,
-                    "documents": documents,
-                    "own": own[n],
-                    "own_all": [k for mine in own for k in mine],
-                    "groups": groups,
-                    "pad_bytes": pad_bytes,
-                    "shared_name": shared_name,
-                    "max_await_ms": max_await_ms,
-                    "read_pause": read_pause,
-                    "timeout": timeout,
-                    "run_limit": timeout + writes * (write_interval + 0.5),
-                    "seed": f"{seed}/{label}/{n}",
-                }
-                for n in range(workers)
-            ],
-            _worker,
-        )
+        status(f"{label}: starting {args.workers} workers")
+        interval = args.write_interval_ms / 1000
+        spec = {
+            "uri": uri, "db": db, "coll": coll_name, "api": api, "documents": args.documents, "total": total,
+            "groups": args.groups, "shared_name": owner.name if owner is not None else None,
+            "read_pause": args.read_pause_ms / 1000, "timeout": args.timeout,
+            "run_limit": args.timeout + args.writes * (interval + 0.5),
+        }  # fmt: skip
+        specs = [
+            {**spec, "index": n, "seed": f"{args.seed}/{label}/{n}",
+             "own": list(range(args.documents + n * OWN_DOCS, args.documents + (n + 1) * OWN_DOCS))}
+            for n in range(args.workers)
+        ]  # fmt: skip
+        pool.start(specs, _worker)
         pool.meet(f"{label}: start (workers warm)")
-        status(f"{label}: {writes} writes by {writers} writers")
+        status(f"{label}: {args.writes} writes by {args.writers} writers")
         started = time.perf_counter()
         log = write_all(
-            coll, writers=writers, documents=documents, writes=writes, interval=write_interval, seed=f"{seed}/{label}"
-        )
+            coll, writers=args.writers, documents=args.documents, writes=args.writes, interval=interval,
+            seed=f"{args.seed}/{label}",
+        )  # fmt: skip
         write_seconds = time.perf_counter() - started
         pool.shared.final[0] = max(w.optime for w in log)
         pool.shared.stop.value = 1
-        results = pool.collect(timeout=timeout + 30)
+        results = pool.collect(timeout=args.timeout + 30)
     finally:
         if pool is not None:
             pool.close()
@@ -585,11 +458,11 @@ def run_path(
         with contextlib.suppress(Exception):
             client[db].drop_collection(coll_name)
         client.close()
-    return _path_result(path, api, workers, writers, log, write_seconds, results)
+    return _path_result(path, api, args, log, write_seconds, results)
 
 
 def _path_result(
-    path: str, api: str, workers: int, writers: int, log: list[Write], write_seconds: float, results: list[Any]
+    path: str, api: str, args: argparse.Namespace, log: list[Write], write_seconds: float, results: list[Any]
 ) -> dict[str, Any]:
     """One path's figures and judgement from the writes and the workers' records."""
     oracle = Oracle([*log, *(w for r in results for w in r["writes"])])
@@ -599,8 +472,8 @@ def _path_result(
     return {
         "path": path,
         "api": api,
-        "workers": workers,
-        "writers": writers,
+        "workers": args.workers,
+        "writers": args.writers,
         "writes": len(log),
         "write_seconds": write_seconds,
         "write_ack_ms": kit.in_ms([w.ack_ns - w.sent_ns for w in log]),
@@ -610,13 +483,13 @@ def _path_result(
         "misses": sum(r["misses"] for r in results),
         "bypasses": sum(r["bypasses"] for r in results),
         "worker_writes": sum(len(r["writes"]) for r in results),
-        "hit_fraction": hits / reads if reads else 0.0,
+        "hit_fraction": hit_fraction(hits, reads),
         "stale_reads": sum(c["stale"] for c in checked),
         "monotonic_violations": sum(c["monotonic"] for c in checked),
         "read_your_writes_violations": sum(c["read_your_writes"] for c in checked),
         "impossible_reads": sum(c["impossible"] for c in checked),
         "wrong_results": sum(r["wrong"] for r in results),
-        "workers_unfinished": sum(1 for r in results if r["unfinished"]),
+        "workers_unfinished": sum(r["unfinished"] for r in results),
         "examples": examples[:MAX_EXAMPLES],
         **staleness_windows(path, log, results),
     }
@@ -627,28 +500,8 @@ def _path_result(
 
 def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
     db = f"cqc_coherence_{secrets.token_hex(6)}"
-    paths = []
     try:
-        for path in args.paths:
-            for api in args.apis:
-                paths.append(
-                    run_path(
-                        uri,
-                        db=db,
-                        path=path,
-                        api=api,
-                        workers=args.workers,
-                        writes=args.writes,
-                        documents=args.documents,
-                        groups=args.groups,
-                        writers=args.writers,
-                        write_interval=args.write_interval_ms / 1000,
-                        read_pause=args.read_pause_ms / 1000,
-                        seed=args.seed,
-                        timeout=args.timeout,
-                        status=status,
-                    )
-                )
+        paths = [run_path(uri, args, db=db, path=p, api=a, status=status) for p in args.paths for a in args.apis]
     finally:
         with pymongo.MongoClient(uri) as client:
             client.drop_database(db)
@@ -662,9 +515,7 @@ def build_report(params: dict[str, Any], paths: Sequence[dict[str, Any]]) -> dic
         "params": params,
         "min_hit_fraction": MIN_HIT_FRACTION,
         "paths": list(paths),
-        "reads": sum(p["reads"] for p in paths),
-        "hits": sum(p["hits"] for p in paths),
-        **{key: sum(p[key] for p in paths) for key in VIOLATIONS},
+        **{key: sum(p[key] for p in paths) for key in ("reads", "hits", *VIOLATIONS)},
     }
 
 
@@ -688,48 +539,48 @@ def checks(report: dict[str, Any]) -> list[str]:
     return problems
 
 
-def print_report(report: dict[str, Any], out: Any = None) -> None:
-    out = out or sys.stdout
-    head = (
-        f"{'path':<14} {'reads':>7} {'docs':>7} {'hits':>5} {'writes':>6} {'own':>5} {'stale':>5} {'mono':>5} "
-        f"{'ryw':>5} {'window p50/p95/p99/max ms':>27} {'read gap':>8}"
-    )
-    print(head, file=out)
+#: The printed table: (title, format spec) of each column.
+COLUMNS = (
+    ("path", "<14"), ("reads", ">7"), ("docs", ">7"), ("hits", ">5.0%"), ("writes", ">6"), ("own", ">5"),
+    ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"), ("window p50/p95/p99/max ms", ">27"), ("read gap", ">8"),
+)  # fmt: skip
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = []
     for p in report["paths"]:
         w = p["window_ms"] or {}
         window = "/".join(f"{w.get(q, float('nan')):.1f}" for q in ("p50", "p95", "p99", "max"))
         gap = p["read_interval_ms_p50"]
-        print(
-            f"{p['path'] + '/' + p['api']:<14} {p['reads']:>7} {p['documents_checked']:>7} "
-            f"{p['hit_fraction']:>5.0%} {p['writes']:>6} {p['worker_writes']:>5} {p['stale_reads']:>5} "
-            f"{p['monotonic_violations']:>5} {p['read_your_writes_violations']:>5} {window:>27} "
-            f"{gap if gap is None else round(gap, 2):>8}",
-            file=out,
-        )
+        rows.append((
+            f"{p['path']}/{p['api']}", p["reads"], p["documents_checked"], p["hit_fraction"], p["writes"],
+            p["worker_writes"], p["stale_reads"], p["monotonic_violations"], p["read_your_writes_violations"],
+            window, str(gap if gap is None else round(gap, 2)),
+        ))  # fmt: skip
+    kit.table(COLUMNS, rows)
     print(
         f"stale_reads {report['stale_reads']}, monotonic_violations {report['monotonic_violations']}, "
         f"read_your_writes_violations {report['read_your_writes_violations']} of {report['reads']} reads "
-        f"({report['hits']} hits; at least {MIN_HIT_FRACTION:.0%} per path required)",
-        file=out,
+        f"({report['hits']} hits; at least {MIN_HIT_FRACTION:.0%} per path required)"
     )
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = kit.parser("coherence", __doc__)
-    parser.add_argument("--quick", action="store_true", help="smoke run (2 workers, 60 writes per path)")
-    parser.add_argument("--workers", type=int, help=f"reader processes per path (default {FULL['workers']})")
-    parser.add_argument("--writes", type=int, help=f"writes per path (default {FULL['writes']})")
-    parser.add_argument("--documents", type=int, help=f"documents (default {FULL['documents']})")
-    parser.add_argument("--groups", type=int, help=f"groups for find (default {FULL['groups']})")
-    parser.add_argument("--writers", type=int, default=2, help="writer threads (default 2)")
-    parser.add_argument("--write-interval-ms", type=float, default=4.0, help="pause of a writer after a write")
-    parser.add_argument("--read-pause-ms", type=float, default=1.0, help="pause of a reader after a read")
-    parser.add_argument("--paths", type=kit.csv(PATHS), default=PATHS, help="comma-separated: shared,local")
-    parser.add_argument("--apis", type=kit.csv(APIS), default=APIS, help="comma-separated: sync,async")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one wait may take")
+    add = parser.add_argument
+    add("--quick", action="store_true", help="smoke run (2 workers, 60 writes per path)")
+    add("--workers", type=int, help=f"reader processes per path (default {FULL['workers']})")
+    add("--writes", type=int, help=f"writes per path (default {FULL['writes']})")
+    add("--documents", type=int, help=f"documents (default {FULL['documents']})")
+    add("--groups", type=int, help=f"groups for find (default {FULL['groups']})")
+    add("--writers", type=int, default=2, help="writer threads (default 2)")
+    add("--write-interval-ms", type=float, default=4.0, help="pause of a writer after a write")
+    add("--read-pause-ms", type=float, default=1.0, help="pause of a reader after a read")
+    add("--paths", type=kit.csv(PATHS), default=PATHS, help="comma-separated: shared,local")
+    add("--apis", type=kit.csv(APIS), default=APIS, help="comma-separated: sync,async")
+    add("--timeout", type=float, default=60.0, help="seconds any one wait may take")
     args = parser.parse_args(argv)
-    defaults = QUICK if args.quick else FULL
-    for name, value in defaults.items():
+    for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     kit.at_least_one(parser, args, ("workers", "writes", "documents", "groups", "writers"))

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import gc
 import importlib
+import itertools
 import os
 import random
 import statistics
@@ -22,7 +24,6 @@ from typing import Any
 
 import bson
 import pymongo
-from bson.raw_bson import RawBSONDocument
 from pymongo.read_concern import ReadConcern
 
 from . import _kit as kit
@@ -44,21 +45,14 @@ INSERT_BATCH = 1000
 DIRECT_WARM_READS = 64
 #: A cached worker gives up warming after this many passes over the hot set.
 MAX_WARM_PASSES = 50
+#: The defaults of the options that a quick run makes smaller.
+FULL = {"repetitions": 3, "reads": 2000, "hot": 4096}
+QUICK = {"repetitions": 1, "reads": 200, "hot": 256}
 
 MATPLOTLIB_HINT = (
     "matplotlib is needed to write the PNG: install it (pip install 'matplotlib==3.11.2') "
     "or pass --no-png"
 )
-
-
-def _active_streams(snapshot: Any) -> int:
-    """Streams of a process-local manager that are open (the owner counts
-    its own the same way: every state but closed and not started)."""
-    return sum(1 for s in snapshot.streams if s.state.value not in ("closed", "not_started"))
-
-
-def _cpu_seconds(times: Any) -> float:
-    return float(times.user + times.system)
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -75,7 +69,8 @@ def _process_cpu_s(pid: int) -> float:
     except (OSError, OverflowError, AttributeError):
         import psutil
 
-        return _cpu_seconds(psutil.Process(pid).cpu_times())
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
 
 
 # -- Worker processes ------------------------------------------------------------
@@ -95,142 +90,104 @@ def _process_cpu_s(pid: int) -> float:
 #    samples the owner's CPU, then PSS and cumulative CPU of every process
 #    while the workers wait (managers and mappings attached);
 # release: the workers report the window on the queue.
-#
-# Any failure puts ("error", index, traceback) on the queue and aborts the
-# barrier, so the parent fails at once instead of waiting for a timeout.
 
 
-def _verify(got: Any, want: bytes, codec: Any) -> bool:
-    """The result, re-encoded with the collection's codec options, is the
-    inserted BSON (same fields, order, types and values)."""
-    if got is None:
-        return False
-    return kit.digest(bson.encode(got, codec_options=codec)) == want
+@dataclasses.dataclass
+class _Checker:
+    """Checks a measured read after its stop timestamp: the result, re-encoded
+    with the collection's codec options, is the inserted BSON (same fields,
+    order, types and values). Counts the mismatches and the thread CPU the
+    checks took."""
+
+    codec: Any
+    mismatches: int = 0
+    cpu_ns: int = 0
+
+    def __call__(self, got: Any, want: bytes) -> None:
+        v0 = time.thread_time_ns()
+        if got is None or kit.digest(bson.encode(got, codec_options=self.codec)) != want:
+            self.mismatches += 1
+        self.cpu_ns += time.thread_time_ns() - v0
 
 
-def _window_ids(spec: dict[str, Any], window: str) -> tuple[list[int], list[bytes]]:
-    if window == "hot":
-        ids = spec["hot_order"]
-        hot_digests = spec["hot_digests"]
-        return ids, [hot_digests[i] for i in ids]
-    return spec["cold_ids"], spec["cold_digests"]
-
-
-def _window_result(
-    spec: dict[str, Any],
-    window: str,
-    samples: list[int],
-    mismatches: int,
-    verify_ns: int,
-    cpu0: int,
-    cpu1: int,
-    before: Any,
-    after: Any,
-) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "samples_ns": samples,
-        "mismatches": mismatches,
-        "verify_cpu_s": verify_ns / 1e9,
-        "cpu_s": (cpu1 - cpu0) / 1e9,
-        "hits": 0,
-        "misses": 0,
-        "bypasses": 0,
-        "streams": 0,
-    }
-    if before is not None and after is not None:
-        result["hits"] = after.hits - before.hits
-        result["misses"] = after.misses - before.misses
-        result["bypasses"] = after.bypass_total - before.bypass_total
-        result["bypass_reasons"] = {
-            k: v - before.bypasses.get(k, 0) for k, v in after.bypasses.items() if v != before.bypasses.get(k, 0)
-        }
-        result["streams"] = _active_streams(after) if spec["path"] == "independent" else 0
-        result["misses_before"] = before.misses  # warm-up (and earlier windows)
-    return result
-
-
-async def _done(value: Any) -> Any:
-    """``value``, awaited if the API is async: one worker body for both."""
-    return await value if asyncio.iscoroutine(value) else value
-
-
-def _timed_sync(reader: Any, filters: list[Any], want: list[bytes], codec: Any) -> tuple[list[int], int, int]:
-    """The measured reads: times, mismatches, verification CPU (ns)."""
-    clock, tclock = time.perf_counter_ns, time.thread_time_ns
+def _timed_sync(reader: Any, filters: list[Any], want: list[bytes], check: _Checker) -> list[int]:
+    """The measured reads' times (ns), each result checked after its stop timestamp."""
+    clock = time.perf_counter_ns
     samples = [0] * len(filters)
-    mismatches = verify_ns = 0
     for k, filt in enumerate(filters):
         t0 = clock()
         got = reader.find_one(filt)
-        t1 = clock()
-        samples[k] = t1 - t0
-        v0 = tclock()
-        if not _verify(got, want[k], codec):
-            mismatches += 1
-        verify_ns += tclock() - v0
+        samples[k] = clock() - t0
+        check(got, want[k])
         del got
-    return samples, mismatches, verify_ns
+    return samples
 
 
-async def _timed_async(reader: Any, filters: list[Any], want: list[bytes], codec: Any) -> tuple[list[int], int, int]:
+async def _timed_async(reader: Any, filters: list[Any], want: list[bytes], check: _Checker) -> list[int]:
     """``_timed_sync`` with ``await`` on each read."""
-    clock, tclock = time.perf_counter_ns, time.thread_time_ns
+    clock = time.perf_counter_ns
     samples = [0] * len(filters)
-    mismatches = verify_ns = 0
     for k, filt in enumerate(filters):
         t0 = clock()
         got = await reader.find_one(filt)
-        t1 = clock()
-        samples[k] = t1 - t0
-        v0 = tclock()
-        if not _verify(got, want[k], codec):
-            mismatches += 1
-        verify_ns += tclock() - v0
+        samples[k] = clock() - t0
+        check(got, want[k])
         del got
-    return samples, mismatches, verify_ns
+    return samples
+
+
+def _counts(independent: bool, before: Any, after: Any) -> dict[str, Any]:
+    """A window's cache counters, from the manager's snapshots around it (a direct worker has none).
+    Streams: a process-local manager's open ones, counted as the owner counts its own (every state
+    but closed and not started)."""
+    if before is None:
+        return {"hits": 0, "misses": 0, "bypasses": 0, "streams": 0}
+    reasons = {k: v - before.bypasses.get(k, 0) for k, v in after.bypasses.items()}
+    return {
+        "hits": after.hits - before.hits,
+        "misses": after.misses - before.misses,
+        "bypasses": after.bypass_total - before.bypass_total,
+        "bypass_reasons": {k: n for k, n in reasons.items() if n},
+        "streams": sum(s.state.value not in ("closed", "not_started") for s in after.streams) if independent else 0,
+        "misses_before": before.misses,  # warm-up (and earlier windows)
+    }
 
 
 async def _warm(spec: dict[str, Any], manager: Any, reader: Any, meet: Any) -> int:
     """Warm-up steps A, B and C (see the barrier protocol); the passes C took."""
-    hot_ids = list(range(spec["hot"]))
     rng = random.Random(spec["warm_seed"])
+
+    async def read_hot_set() -> None:
+        order = list(range(spec["hot"]))
+        rng.shuffle(order)
+        for i in order:
+            await kit.resolved(reader.find_one({"_id": i}))
+
     if manager is None:
-        for i in hot_ids[:DIRECT_WARM_READS]:
-            await _done(reader.find_one({"_id": i}))
+        for i in range(min(spec["hot"], DIRECT_WARM_READS)):
+            await kit.resolved(reader.find_one({"_id": i}))
     else:
-        await _done(reader.find_one({"_id": hot_ids[0]}))  # registers the namespace, starts its stream
-        if not await _done(manager.wait_ready(spec["timeout"], database=spec["db"])):
-            raise BenchmarkFailed("the change stream did not become ready")
+        await kit.registered(manager, reader, spec["db"], spec["timeout"])
         # Every worker reads the whole hot set, in an order of its own, as
         # independent application processes would: nothing splits the
         # work between the workers of the shared path.
-        first = hot_ids[:]
-        rng.shuffle(first)
-        for i in first:
-            await _done(reader.find_one({"_id": i}))
+        await read_hot_set()
     await meet()  # A
     await meet()  # B: the owner admitted the hot set (shared)
-    warm_passes = 0
-    while manager is not None:  # C: until a whole pass over the hot set hits
-        warm_passes += 1
-        order = hot_ids[:]
-        rng.shuffle(order)
+    if manager is None:
+        return 0
+    for passes in range(1, MAX_WARM_PASSES + 1):  # C: until a whole pass over the hot set hits
         h0 = manager.snapshot().hits
-        for i in order:
-            await _done(reader.find_one({"_id": i}))
-        if manager.snapshot().hits - h0 == len(order):
-            break
-        if warm_passes >= MAX_WARM_PASSES:
-            raise BenchmarkFailed(f"hot set still missing after {warm_passes} warm-up passes")
+        await read_hot_set()
+        if manager.snapshot().hits - h0 == spec["hot"]:
+            return passes
         await asyncio.sleep(0.05)
-    return warm_passes
+    raise BenchmarkFailed(f"hot set still missing after {MAX_WARM_PASSES} warm-up passes")
 
 
 async def _work(spec: dict[str, Any], shared: Shared) -> None:
     """One worker of a phase: warm-up, then the hot and the cold window."""
-    import client_query_cache as cqc
-
-    is_async, timeout = spec["mode"] == "async", spec["timeout"]
+    is_async, timeout, cached = spec["mode"] == "async", spec["timeout"], spec["path"] != "direct"
 
     async def meet() -> None:
         if is_async:  # in a thread: the event loop (PyMongo's monitors) keeps running
@@ -238,41 +195,34 @@ async def _work(spec: dict[str, Any], shared: Shared) -> None:
         else:
             shared.barrier.wait(timeout)
 
-    db, cpu_clock = spec["db"], time.process_time_ns  # all threads of this process, user + system
-    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(spec["uri"])
-    manager: Any = None
-    try:
-        coll = client[db][COLLECTION]
-        codec = coll.codec_options
-        if spec["path"] == "direct":
+    cpu_clock = time.process_time_ns  # all threads of this process, user + system
+    async with kit.worker_client(spec["uri"], is_async, spec["shared_name"], cached=cached) as (client, manager):
+        coll = client[spec["db"]][COLLECTION]
+        if manager is None:
             reader: Any = coll.with_options(read_concern=ReadConcern("majority"))
         else:
-            shared_name = spec["shared_name"] if spec["path"] == "shared" else None
-            manager = kit.manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared_name)
-            reader = manager[db][COLLECTION]
+            reader = manager[spec["db"]][COLLECTION]
         warm_passes = await _warm(spec, manager, reader, meet)
         for window in WINDOWS:
-            ids, want = _window_ids(spec, window)
+            ids, want = spec["windows"][window]
             filters = [{"_id": i} for i in ids]
+            check = _Checker(coll.codec_options)
             before = manager.snapshot() if manager is not None else None
             gc.collect()
             await meet()  # start
             cpu0 = cpu_clock()
             if is_async:
-                samples, mismatches, verify_ns = await _timed_async(reader, filters, want, codec)
+                samples = await _timed_async(reader, filters, want, check)
             else:
-                samples, mismatches, verify_ns = _timed_sync(reader, filters, want, codec)
+                samples = _timed_sync(reader, filters, want, check)
             cpu1 = cpu_clock()
             after = manager.snapshot() if manager is not None else None
             await meet()  # end: the parent samples memory and CPU
             await meet()  # release
-            result = _window_result(spec, window, samples, mismatches, verify_ns, cpu0, cpu1, before, after)
-            result["warm_passes"] = warm_passes
+            result = {"samples_ns": samples, "mismatches": check.mismatches, "verify_cpu_s": check.cpu_ns / 1e9}
+            result.update(cpu_s=(cpu1 - cpu0) / 1e9, warm_passes=warm_passes)
+            result.update(_counts(spec["path"] == "independent", before, after))
             shared.put("window", spec["index"], result)
-    finally:
-        if manager is not None:
-            await _done(manager.close())
-        await _done(client.close())
 
 
 def _worker(spec: dict[str, Any], shared: Shared) -> None:
@@ -280,33 +230,31 @@ def _worker(spec: dict[str, Any], shared: Shared) -> None:
     asyncio.run(_work(spec, shared))
 
 
-class _Plan:
-    """What every phase reads: hot order and cold identities per worker."""
+class _Run:
+    """What every phase of a run shares: the options, the server and the
+    database, the phases in order, each worker's cold identities and the
+    digests of every inserted document."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.workers = args.workers
-        self.reads = args.reads
-        self.hot = args.hot
-        self.repetitions = args.repetitions
-        self.seed = args.seed
-        self.phases: list[tuple[int, str, str]] = []
-        for rep in range(args.repetitions):
-            paths = PATHS[rep % 3 :] + PATHS[: rep % 3]
-            modes = MODES if rep % 2 == 0 else MODES[::-1]
-            for path in paths:
-                for mode in modes:
-                    self.phases.append((rep, path, mode))
+    def __init__(self, args: argparse.Namespace, uri: str, db: str, status: Status) -> None:
+        self.workers, self.reads, self.hot = args.workers, args.reads, args.hot
+        self.repetitions, self.seed, self.timeout = args.repetitions, args.seed, args.timeout
+        self.uri, self.db, self.status = uri, db, status
+        self.digests: dict[int, bytes] = {}
+        # Each repetition rotates the order of the paths and alternates which mode goes first.
+        self.phases = [
+            (rep, path, mode)
+            for rep in range(args.repetitions)
+            for path in PATHS[rep % 3 :] + PATHS[: rep % 3]
+            for mode in (MODES if rep % 2 == 0 else MODES[::-1])
+        ]
         # Cold identities: a distinct block per (phase, worker), read in a
         # seeded random order; nobody reads any of them before its window.
         self.cold: dict[tuple[int, str, str, int], list[int]] = {}
-        next_id = COLD_ID_BASE
-        for phase in self.phases:
-            for w in range(self.workers):
-                ids = list(range(next_id, next_id + self.reads))
-                next_id += self.reads
-                random.Random(f"{self.seed}/cold/{phase}/{w}").shuffle(ids)
-                self.cold[(*phase, w)] = ids
-        self.cold_total = next_id - COLD_ID_BASE
+        for n, (phase, w) in enumerate(itertools.product(self.phases, range(self.workers))):
+            ids = list(range(COLD_ID_BASE + n * self.reads, COLD_ID_BASE + (n + 1) * self.reads))
+            random.Random(f"{self.seed}/cold/{phase}/{w}").shuffle(ids)
+            self.cold[(*phase, w)] = ids
+        self.cold_total = len(self.cold) * self.reads
 
     def hot_order(self, rep: int, mode: str, worker: int) -> list[int]:
         """The measured hot reads: the same sequence for the three paths of a
@@ -315,85 +263,82 @@ class _Plan:
         return [rng.randrange(self.hot) for _ in range(self.reads)]
 
 
-def _insert_documents(
-    coll: Any, plan: _Plan, seed: int, status: Status
-) -> tuple[list[bytes], dict[int, bytes], dict[str, Any]]:
+def _insert_documents(coll: Any, run: _Run) -> tuple[dict[int, bytes], dict[str, Any]]:
     """Insert the hot identities (0..hot-1) and every cold identity; return
     the digests of their BSON and size statistics. Each document's BSON is
     checked to survive decoding with the collection's codec options and
     encoding again unchanged, so a read's re-encoded result can be compared
     with the inserted bytes."""
-    rng = random.Random(seed)
+    rng = random.Random(run.seed)
     codec = coll.codec_options
-    ids = list(range(plan.hot)) + list(range(COLD_ID_BASE, COLD_ID_BASE + plan.cold_total))
-    hot_digests: list[bytes] = []
-    cold_digests: dict[int, bytes] = {}
-    sizes_sum = 0
-    size_min, size_max = 1 << 30, 0
-    total = len(ids)
-    for start in range(0, total, INSERT_BATCH):
-        status(f"setup: inserting documents {start:,}/{total:,}")
-        batch = []
-        for i in ids[start : start + INSERT_BATCH]:
-            raw = bson.encode(kit.make_document(i, rng))
+    ids = list(range(run.hot)) + list(range(COLD_ID_BASE, COLD_ID_BASE + run.cold_total))
+    digests: dict[int, bytes] = {}
+    sizes: list[int] = []
+    for start in range(0, len(ids), INSERT_BATCH):
+        run.status(f"setup: inserting documents {start:,}/{len(ids):,}")
+        batch = ids[start : start + INSERT_BATCH]
+        raws = [bson.encode(kit.make_document(i, rng)) for i in batch]
+        for i, raw in zip(batch, raws):
             if bson.encode(bson.decode(raw, codec), codec_options=codec) != raw:
                 raise RuntimeError(f"document {i} does not survive a decode/encode round trip")
-            d = kit.digest(raw)
-            if i < COLD_ID_BASE:
-                hot_digests.append(d)
-            else:
-                cold_digests[i] = d
-            sizes_sum += len(raw)
-            size_min, size_max = min(size_min, len(raw)), max(size_max, len(raw))
-            batch.append(RawBSONDocument(raw))
-        coll.insert_many(batch, ordered=False)
-    sizes = {"document_bytes_mean": sizes_sum / total, "document_bytes_min": size_min, "document_bytes_max": size_max}
-    return hot_digests, cold_digests, sizes
+            digests[i] = kit.digest(raw)
+        sizes += map(len, raws)
+        kit.insert_raw(coll, raws, INSERT_BATCH)
+    return digests, {
+        "document_bytes_mean": sum(sizes) / len(sizes),
+        "document_bytes_min": min(sizes),
+        "document_bytes_max": max(sizes),
+    }
 
 
+@dataclasses.dataclass
 class _Phase:
     """One path and mode: an owner (shared), spawned workers, two windows."""
 
-    def __init__(self, run: _Run, rep: int, path: str, mode: str, label: str) -> None:
-        self.run_, self.plan, self.rep, self.path, self.mode, self.label = run, run.plan, rep, path, mode, label
-        self.status = run.status
-        self.owner: Any = None
-        self.pool: kit.Pool | None = None
+    run: _Run
+    rep: int
+    path: str
+    mode: str
+    label: str
+    owner: Any = None
+    pool: Any = None
 
-    def _spec(self, w: int, shared_name: str | None) -> dict[str, Any]:
-        plan, run = self.plan, self.run_
-        cold_ids = plan.cold[(self.rep, self.path, self.mode, w)]
+    def _say(self, message: str) -> None:
+        self.run.status(f"{self.label}: {message}")
+
+    def _spec(self, w: int) -> dict[str, Any]:
+        run = self.run
+        ids = {"hot": run.hot_order(self.rep, self.mode, w), "cold": run.cold[(self.rep, self.path, self.mode, w)]}
         return {
-            "uri": run.uri, "db": run.db, "path": self.path, "mode": self.mode, "index": w,
-            "workers": plan.workers, "hot": plan.hot, "hot_digests": run.hot_digests,
-            "hot_order": plan.hot_order(self.rep, self.mode, w), "cold_ids": cold_ids,
-            "cold_digests": [run.cold_digests[i] for i in cold_ids], "shared_name": shared_name,
-            "timeout": run.timeout, "warm_seed": f"{plan.seed}/warm/{self.rep}/{self.path}/{self.mode}/{w}",
+            "uri": run.uri, "db": run.db, "path": self.path, "mode": self.mode, "index": w, "hot": run.hot,
+            "windows": {window: (ids[window], [run.digests[i] for i in ids[window]]) for window in WINDOWS},
+            "shared_name": self.owner.name if self.owner is not None else None, "timeout": run.timeout,
+            "warm_seed": f"{run.seed}/warm/{self.rep}/{self.path}/{self.mode}/{w}",
         }  # fmt: skip
 
-    def run(self) -> dict[str, dict[str, Any]]:
-        plan = self.plan
+    def measure(self) -> dict[str, dict[str, Any]]:
+        """The hot and the cold window; every process is ended before this returns or raises."""
+        run = self.run
         try:
-            shared_name = None
             if self.path == "shared":
-                shared_name = f"cqc-pubbench-{os.getpid()}-{self.rep}-{self.mode}"
-                self.status(f"{self.label}: starting the owner")
-                self.owner = kit.start_owner(shared_name, self.run_.uri, **kit.OWNER_GEOMETRY)
-            self.pool = kit.Pool(plan.workers, owner=self.owner, timeout=self.run_.timeout)
-            self.pool.start([self._spec(w, shared_name) for w in range(plan.workers)], _worker)
-            self.status(f"{self.label}: starting workers, first pass over the hot set")
+                self._say("starting the owner")
+                name = f"cqc-pubbench-{os.getpid()}-{self.rep}-{self.mode}"
+                self.owner = kit.start_owner(name, run.uri, **kit.OWNER_GEOMETRY)
+            self.pool = kit.Pool(run.workers, owner=self.owner, timeout=run.timeout)
+            self.pool.start([self._spec(w) for w in range(run.workers)], _worker)
+            self._say("starting workers, first pass over the hot set")
             self.pool.meet(f"{self.label}: warm-up (first pass)")
             if self.owner is not None:
-                self.status(f"{self.label}: waiting for the owner to admit the hot set")
-                deadline = time.monotonic() + self.run_.timeout
-                while self.owner.snapshot()["entries"] < plan.hot:
+                self._say("waiting for the owner to admit the hot set")
+                deadline = time.monotonic() + run.timeout
+                while self.owner.snapshot()["entries"] < run.hot:
                     if time.monotonic() > deadline:
                         self.pool.abort()
                         raise BenchmarkFailed(f"{self.label}: the owner did not admit the hot set")
                     time.sleep(0.05)
             self.pool.meet(f"{self.label}: warm-up (owner admitted)")
             out = {window: self._window(window) for window in WINDOWS}
-            self.status(f"{self.label}: closing")
+            self._say("closing")
             self.pool.collect()
             for p in self.pool.procs:
                 if p.exitcode != 0:
@@ -409,7 +354,6 @@ class _Phase:
         """CPU so far and memory of every worker and the owner, by process."""
         import psutil
 
-        assert self.pool is not None
         procs = [(f"worker{k}", p.pid) for k, p in enumerate(self.pool.procs)]
         procs += [("owner", self.owner.pid)] if self.owner is not None else []
         out: dict[str, dict[str, float]] = {"pss": {}, "uss": {}, "rss": {}, "cpu": {}}
@@ -424,24 +368,22 @@ class _Phase:
         return out
 
     def _window(self, window: str) -> dict[str, Any]:
-        plan, pool = self.plan, self.pool
-        assert pool is not None
-        owner_pid = self.owner.pid if self.owner is not None else None
+        run, pool, owner = self.run, self.pool, self.owner
         if window == "hot":
-            self.status(f"{self.label}: hot window, workers checking that every hot read hits")
+            self._say("hot window, workers checking that every hot read hits")
         else:
-            self.status(f"{self.label}: cold window, workers at the start barrier")
+            self._say("cold window, workers at the start barrier")
         pool.meet(f"{self.label}: {window} start")
-        owner0 = _process_cpu_s(owner_pid) if owner_pid is not None else 0.0
+        owner0 = _process_cpu_s(owner.pid) if owner is not None else 0.0
         t0 = time.perf_counter()
-        self.status(f"{self.label}: {window} window, measuring {plan.workers} x {plan.reads:,} reads")
+        self._say(f"{window} window, measuring {run.workers} x {run.reads:,} reads")
         pool.meet(f"{self.label}: {window} end")
         wall = time.perf_counter() - t0
-        owner_cpu = _process_cpu_s(owner_pid) - owner0 if owner_pid is not None else 0.0
+        owner_cpu = _process_cpu_s(owner.pid) - owner0 if owner is not None else 0.0
         # The workers wait at the release barrier: every manager, client and
         # mapping is attached while memory is sampled.
         sampled = self._sample()
-        owner_snapshot = self.owner.snapshot() if self.owner is not None else None
+        owner_snapshot = owner.snapshot() if owner is not None else None
         pool.meet(f"{self.label}: {window} release")
         stat = _window_stat(pool.collect("window"), sampled, owner_cpu, owner_snapshot)
         return {"repetition": self.rep, "path": self.path, "mode": self.mode, "window": window, "wall_s": wall, **stat}
@@ -475,21 +417,16 @@ def _window_stat(
         "cpu_reads_s": workers_cpu + owner_cpu - verify_cpu,
         "cpu_total_s": sum(cumulative.values()),
         "cpu_total_owner_s": cumulative.get("owner", 0.0),
-        "pss_mib": sum(pss.values()) / MiB,
         "pss_workers_mib": sum(v for k, v in pss.items() if k != "owner") / MiB,
         "pss_owner_mib": pss.get("owner", 0) / MiB,
-        "uss_mib": sum(sampled["uss"].values()) / MiB,
-        "rss_mib": sum(sampled["rss"].values()) / MiB,
+        **{f"{kind}_mib": sum(sampled[kind].values()) / MiB for kind in ("pss", "uss", "rss")},
         "streams": (
             owner_snapshot["active_streams"] if owner_snapshot is not None else sum(w["streams"] for w in workers)
         ),
     }
-    reasons: dict[str, int] = {}
-    for w in workers:
-        for k, v in w.get("bypass_reasons", {}).items():
-            reasons[k] = reasons.get(k, 0) + v
+    reasons = sum((collections.Counter(w.get("bypass_reasons", {})) for w in workers), collections.Counter())
     if reasons:
-        stat["bypass_reasons"] = reasons
+        stat["bypass_reasons"] = dict(reasons)
     if owner_snapshot is not None:
         stat["owner"] = {k: owner_snapshot[k] for k in OWNER_KEYS if k in owner_snapshot}
     stat["_samples_ns"] = samples  # for the figure; not written to the report
@@ -498,80 +435,48 @@ def _window_stat(
 
 # -- statistics -----------------------------------------------------------------
 
-#: Window statistics whose median across repetitions the report gives.
+#: Window statistics whose median across repetitions the report gives (the
+#: latency quantiles by their own names).
 MEDIAN_KEYS = (
-    "latency.p50_us",
-    "latency.p95_us",
-    "latency.p99_us",
-    "latency.mean_us",
-    "reads",
-    "hits",
-    "misses",
-    "misses_before_window",
-    "bypasses",
-    "wall_s",
-    "cpu_window_s",
-    "cpu_window_workers_s",
-    "cpu_window_owner_s",
-    "verify_cpu_s",
-    "cpu_reads_s",
-    "cpu_total_s",
-    "cpu_total_net_s",
-    "cpu_total_owner_s",
-    "pss_mib",
-    "pss_workers_mib",
-    "pss_owner_mib",
-    "uss_mib",
-    "rss_mib",
+    "p50_us", "p95_us", "p99_us", "mean_us", "reads", "hits", "misses", "misses_before_window", "bypasses", "wall_s",
+    "cpu_window_s", "cpu_window_workers_s", "cpu_window_owner_s", "verify_cpu_s", "cpu_reads_s", "cpu_total_s",
+    "cpu_total_net_s", "cpu_total_owner_s", "pss_mib", "pss_workers_mib", "pss_owner_mib", "uss_mib", "rss_mib",
     "streams",
+)  # fmt: skip
+
+#: The summary: ratios of medians, the shared path's over another path's
+#: (name, other path, window, median). The first five are printed.
+RATIOS = (
+    ("shared_over_direct_hot_p50", "direct", "hot", "p50_us"),
+    ("shared_over_independent_hot_p50", "independent", "hot", "p50_us"),
+    ("pss_shared_over_independent_hot", "independent", "hot", "pss_mib"),
+    ("cpu_shared_over_independent_total", "independent", "hot", "cpu_total_net_s"),
+    ("shared_over_direct_cold_p50", "direct", "cold", "p50_us"),
+    ("shared_over_independent_cold_p50", "independent", "cold", "p50_us"),
+    ("shared_over_direct_hot_p99", "direct", "hot", "p99_us"),
+    ("shared_over_independent_hot_p99", "independent", "hot", "p99_us"),
+    ("cpu_shared_over_independent_hot_reads", "independent", "hot", "cpu_reads_s"),
+    ("cpu_shared_over_independent_total_cold", "independent", "cold", "cpu_total_net_s"),
+    ("pss_shared_over_independent_cold", "independent", "cold", "pss_mib"),
 )
 
 
-def _get(stat: dict[str, Any], dotted: str) -> float:
-    value: Any = stat
-    for part in dotted.split("."):
-        value = value[part]
-    return float(value)
-
-
 def _medians(windows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-    for path in PATHS:
-        for mode in MODES:
-            for window in WINDOWS:
-                group = [w for w in windows if (w["path"], w["mode"], w["window"]) == (path, mode, window)]
-                if not group:
-                    continue
-                out.setdefault(path, {}).setdefault(mode, {})[window] = {
-                    key.replace("latency.", ""): statistics.median(_get(w, key) for w in group) for key in MEDIAN_KEYS
-                }
-    return out
+    """Per path, mode and window: the median across repetitions of each ``MEDIAN_KEYS`` statistic."""
+
+    def medians(path: str, mode: str, window: str) -> dict[str, float]:
+        group = [{**w, **w["latency"]} for w in windows if (w["path"], w["mode"], w["window"]) == (path, mode, window)]
+        return {key: statistics.median(float(w[key]) for w in group) for key in MEDIAN_KEYS}
+
+    return {path: {mode: {w: medians(path, mode, w) for w in WINDOWS} for mode in MODES} for path in PATHS}
 
 
 def _summary(med: dict[str, Any]) -> dict[str, dict[str, float]]:
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else float("nan")
+    def ratio(mode: str, other: str, window: str, key: str) -> float:
+        shared, below = med["shared"][mode][window][key], med[other][mode][window][key]
+        return shared / below if below else float("nan")
 
-    out = {}
-    for mode in MODES:
-        d, i, s = med["direct"][mode], med["independent"][mode], med["shared"][mode]
-        out[mode] = {
-            "shared_over_direct_hot_p50": ratio(s["hot"]["p50_us"], d["hot"]["p50_us"]),
-            "shared_over_independent_hot_p50": ratio(s["hot"]["p50_us"], i["hot"]["p50_us"]),
-            "pss_shared_over_independent_hot": ratio(s["hot"]["pss_mib"], i["hot"]["pss_mib"]),
-            "cpu_shared_over_independent_total": ratio(s["hot"]["cpu_total_net_s"], i["hot"]["cpu_total_net_s"]),
-            "shared_over_direct_cold_p50": ratio(s["cold"]["p50_us"], d["cold"]["p50_us"]),
-            # Further ratios, same medians.
-            "shared_over_independent_cold_p50": ratio(s["cold"]["p50_us"], i["cold"]["p50_us"]),
-            "shared_over_direct_hot_p99": ratio(s["hot"]["p99_us"], d["hot"]["p99_us"]),
-            "shared_over_independent_hot_p99": ratio(s["hot"]["p99_us"], i["hot"]["p99_us"]),
-            "cpu_shared_over_independent_hot_reads": ratio(s["hot"]["cpu_reads_s"], i["hot"]["cpu_reads_s"]),
-            "cpu_shared_over_independent_total_cold": ratio(
-                s["cold"]["cpu_total_net_s"], i["cold"]["cpu_total_net_s"]
-            ),
-            "pss_shared_over_independent_cold": ratio(s["cold"]["pss_mib"], i["cold"]["pss_mib"]),
-        }
-    return out
+    return {mode: {name: ratio(mode, *of) for name, *of in RATIOS} for mode in MODES}
 
 
 def _checks(windows: list[dict[str, Any]], workers: int) -> list[str]:
@@ -594,30 +499,30 @@ def _checks(windows: list[dict[str, Any]], workers: int) -> list[str]:
 
 # -- output -----------------------------------------------------------------------
 
+#: The printed table's medians: (title, format spec, median).
+FIGURES = (
+    ("p50 us", ">9.1f", "p50_us"),
+    ("p95 us", ">9.1f", "p95_us"),
+    ("p99 us", ">9.1f", "p99_us"),
+    ("hits", ">7.0f", "hits"),
+    ("reads", ">7.0f", "reads"),
+    ("CPU s", ">7.2f", "cpu_reads_s"),
+    ("CPU tot", ">8.2f", "cpu_total_net_s"),
+    ("PSS MiB", ">8.1f", "pss_mib"),
+    ("streams", ">7.0f", "streams"),
+)
+
 
 def _print_table(report: dict[str, Any]) -> None:
-    cfg = report["config"]
+    cfg, med = report["config"], report["medians"]
     print(
         f"public shared cache: {cfg['workers']} workers, {cfg['hot']:,} hot identities of "
         f"~{cfg['document_bytes_mean']:.0f} B, {cfg['reads']:,} reads per worker per window, "
         f"{cfg['repetitions']} repetition(s); medians across repetitions"
     )
-    head = (
-        f"{'path':<12} {'window':<6} {'mode':<5} {'p50 us':>9} {'p95 us':>9} {'p99 us':>9} "
-        f"{'hits':>7} {'reads':>7} {'CPU s':>7} {'CPU tot':>8} {'PSS MiB':>8} {'streams':>7}"
-    )
-    print(head)
-    print("-" * len(head))
-    med = report["medians"]
-    for path in PATHS:
-        for window in WINDOWS:
-            for mode in MODES:
-                m = med[path][mode][window]
-                print(
-                    f"{path:<12} {window:<6} {mode:<5} {m['p50_us']:>9.1f} {m['p95_us']:>9.1f} {m['p99_us']:>9.1f} "
-                    f"{m['hits']:>7.0f} {m['reads']:>7.0f} {m['cpu_reads_s']:>7.2f} {m['cpu_total_net_s']:>8.2f} "
-                    f"{m['pss_mib']:>8.1f} {m['streams']:>7.0f}"
-                )
+    columns = [("path", "<12"), ("window", "<6"), ("mode", "<5"), *((title, spec) for title, spec, _ in FIGURES)]
+    rows = [(p, w, m, *(med[p][m][w][key] for *_, key in FIGURES)) for p in PATHS for w in WINDOWS for m in MODES]
+    kit.table(columns, rows)
     print(
         "CPU s: workers + owner during the measured reads (verification excluded); "
         "CPU tot: cumulative from process start (warm-up, owner start-up) to the window's end; "
@@ -625,16 +530,9 @@ def _print_table(report: dict[str, Any]) -> None:
     )
     print("summary (ratios of the medians):")
     for mode in MODES:
-        s = report["summary"][mode]
         print(f"  {mode}:")
-        for key in (
-            "shared_over_direct_hot_p50",
-            "shared_over_independent_hot_p50",
-            "pss_shared_over_independent_hot",
-            "cpu_shared_over_independent_total",
-            "shared_over_direct_cold_p50",
-        ):
-            print(f"    {key:<36} {s[key]:.3f}")
+        for name, *_ in RATIOS[:5]:
+            print(f"    {name:<36} {report['summary'][mode][name]:.3f}")
 
 
 #: What a full run is held to (README's figures; docs/benchmarks.md, "Targets").
@@ -657,38 +555,27 @@ def _plot(path: str, windows: list[dict[str, Any]], report: dict[str, Any]) -> N
 
     colors = {"direct": "tab:red", "independent": "tab:blue", "shared": "tab:green"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), sharex="col", sharey=True)
-    for row, mode in enumerate(MODES):
-        for col, window in enumerate(WINDOWS):
-            ax = axes[row][col]
-            for p in PATHS:
-                samples = sorted(
-                    s / 1000.0
-                    for w in windows
-                    if (w["path"], w["mode"], w["window"]) == (p, mode, window)
-                    for s in w["_samples_ns"]
-                )
-                if not samples:
-                    continue
-                n = len(samples)
-                ys = [(k + 1) / n for k in range(n)]
-                med = report["medians"][p][mode][window]
-                ax.step(
-                    samples,
-                    ys,
-                    where="post",
-                    color=colors[p],
-                    label=f"{p} (p50 {med['p50_us']:.0f} us, p99 {med['p99_us']:.0f} us)",
-                )
-            ax.set_xscale("log")
-            ax.set_title(f"{mode}, {window} window")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.axhline(0.5, color="grey", lw=0.6, ls=":")
-            ax.axhline(0.99, color="grey", lw=0.6, ls=":")
-            ax.legend(loc="lower right", fontsize=8)
-            if row == 1:
-                ax.set_xlabel("find_one latency (us, log scale)")
-            if col == 0:
-                ax.set_ylabel("fraction of reads (ECDF)")
+    for (row, mode), (col, window) in itertools.product(enumerate(MODES), enumerate(WINDOWS)):
+        ax = axes[row][col]
+        for p in PATHS:
+            group = [w for w in windows if (w["path"], w["mode"], w["window"]) == (p, mode, window)]
+            samples = sorted(s / 1000.0 for w in group for s in w["_samples_ns"])
+            if not samples:
+                continue
+            med = report["medians"][p][mode][window]
+            label = f"{p} (p50 {med['p50_us']:.0f} us, p99 {med['p99_us']:.0f} us)"
+            ecdf = [(k + 1) / len(samples) for k in range(len(samples))]
+            ax.step(samples, ecdf, where="post", color=colors[p], label=label)
+        ax.set_xscale("log")
+        ax.set_title(f"{mode}, {window} window")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.axhline(0.5, color="grey", lw=0.6, ls=":")
+        ax.axhline(0.99, color="grey", lw=0.6, ls=":")
+        ax.legend(loc="lower right", fontsize=8)
+        if row == 1:
+            ax.set_xlabel("find_one latency (us, log scale)")
+        if col == 0:
+            ax.set_ylabel("fraction of reads (ECDF)")
     cfg = report["config"]
     fig.suptitle(
         f"find_one by _id, {cfg['workers']} workers, {cfg['reads']:,} reads/worker/window, "
@@ -746,38 +633,21 @@ METHOD = {
 }
 
 
-@dataclasses.dataclass
-class _Run:
-    """What every phase of a run shares."""
-
-    uri: str
-    db: str
-    plan: _Plan
-    timeout: float
-    status: Status
-    hot_digests: list[bytes] = dataclasses.field(default_factory=list)
-    cold_digests: dict[int, bytes] = dataclasses.field(default_factory=dict)
-
-
 def _phases(run: _Run) -> list[dict[str, Any]]:
     """Every phase's two windows (a wrong document fails the run)."""
     windows: list[dict[str, Any]] = []
-    plan = run.plan
-    for n, (rep, path, mode) in enumerate(plan.phases, 1):
-        label = f"repetition {rep + 1}/{plan.repetitions}, phase {n}/{len(plan.phases)} {path} {mode}"
+    for n, (rep, path, mode) in enumerate(run.phases, 1):
+        label = f"repetition {rep + 1}/{run.repetitions}, phase {n}/{len(run.phases)} {path} {mode}"
         started = time.perf_counter()
-        out = _Phase(run, rep, path, mode, label).run()
+        out = _Phase(run, rep, path, mode, label).measure()
+        verify_so_far = 0.0  # of the measured windows so far, out of the totals
         for window in WINDOWS:
             stat = out[window]
-            stat["phase"] = n
             if stat["mismatches"]:
                 raise RuntimeError(f"{label} {window}: {stat['mismatches']} reads returned a wrong document")
+            verify_so_far += stat["verify_cpu_s"]
+            stat.update(phase=n, cpu_total_net_s=stat["cpu_total_s"] - verify_so_far)
             windows.append(stat)
-        # Verification CPU of the measured windows so far, out of the totals.
-        verify_so_far = 0.0
-        for window in WINDOWS:
-            verify_so_far += out[window]["verify_cpu_s"]
-            out[window]["cpu_total_net_s"] = out[window]["cpu_total_s"] - verify_so_far
         h, c = out["hot"], out["cold"]
         run.status(
             f"{label}: hot p50 {h['latency']['p50_us']:.1f} us ({h['hits']}/{h['reads']} hits), "
@@ -787,17 +657,14 @@ def _phases(run: _Run) -> list[dict[str, Any]]:
 
 
 def _run(args: argparse.Namespace, uri: str, status: Status) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    plan = _Plan(args)
-    rng = random.Random(args.seed)
-    db_name = f"cqc_bench_public_{int(time.time())}_{rng.randint(0, 10**6)}"
+    db_name = f"cqc_bench_public_{int(time.time())}_{random.Random(args.seed).randint(0, 10**6)}"
+    run = _Run(args, uri, db_name, status)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     try:
-        coll = client[db_name][COLLECTION]
         setup_started = time.perf_counter()
-        run = _Run(uri, db_name, plan, args.timeout, status)
-        run.hot_digests, run.cold_digests, sizes = _insert_documents(coll, plan, args.seed, status)
+        run.digests, sizes = _insert_documents(client[db_name][COLLECTION], run)
         setup_s = time.perf_counter() - setup_started
-        status(f"setup: {plan.hot:,} hot + {plan.cold_total:,} cold documents inserted in {setup_s:.1f}s")
+        status(f"setup: {run.hot:,} hot + {run.cold_total:,} cold documents inserted in {setup_s:.1f}s")
         windows = _phases(run)
     finally:
         status("dropping the benchmark database")
@@ -813,9 +680,9 @@ def _run(args: argparse.Namespace, uri: str, status: Status) -> tuple[dict[str, 
         "mode": "quick" if args.quick else "full",
         "method": METHOD,
         "config": {
-            "workers": plan.workers, "repetitions": plan.repetitions, "reads": plan.reads, "hot": plan.hot,
-            "cold_identities": plan.cold_total, "seed": args.seed,
-            "phases": [{"repetition": r, "path": p, "mode": m} for r, p, m in plan.phases],
+            "workers": run.workers, "repetitions": run.repetitions, "reads": run.reads, "hot": run.hot,
+            "cold_identities": run.cold_total, "seed": run.seed,
+            "phases": [{"repetition": r, "path": p, "mode": m} for r, p, m in run.phases],
             "owner": dict(kit.OWNER_GEOMETRY), "independent_budget_bytes": 64 * MiB,
             "read_concern_direct": "majority", "external_deployment": kit.external(), "setup_seconds": setup_s,
             "client_query_cache": cqc_version, "checkout": kit.checkout(), **sizes,
@@ -840,12 +707,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--no-png", action="store_true", help="write no figure")
     add("--timeout", type=float, default=900.0, help="seconds any one wait may take before the run fails (default 900)")
     args = parser.parse_args(argv)
-    if args.repetitions is None:
-        args.repetitions = 1 if args.quick else 3
-    if args.reads is None:
-        args.reads = 200 if args.quick else 2000
-    if args.hot is None:
-        args.hot = 256 if args.quick else 4096
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     kit.at_least_one(parser, args, ("workers", "repetitions", "reads", "hot"))
     if args.hot >= COLD_ID_BASE:
         parser.error(f"--hot must be below {COLD_ID_BASE}")
