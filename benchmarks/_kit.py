@@ -615,3 +615,32 @@ class Pool:
                 p.join(5)
         self.shared.results.close()
         self.shared.results.join_thread()
+
+
+# -- added for soak/faults --
+
+
+class _Dash:
+    """A table cell without a figure: "-" in its column's alignment and width."""
+
+    def __format__(self, spec: str) -> str:
+        align = spec[0] if spec[:1] in ("<", ">", "^") else ">"
+        width = "".join(itertools.takewhile(str.isdigit, spec.lstrip("<>^")))
+        return f"{'-':{align}{width}}"
+
+
+def cell(value: Any) -> Any:
+    """``value`` as a ``table`` cell: ``None`` (no figure) prints as "-"
+    whatever the column's format spec."""
+    return _Dash() if value is None else value
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, pause: float = 0.01) -> Any:
+    """The first true value of ``condition()``, asked every ``pause``
+    seconds; None if ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(pause)
+    return None
