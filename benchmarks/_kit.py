@@ -111,7 +111,7 @@ def insert_raw(coll: Any, raws: Sequence[bytes], batch: int = 500) -> None:
         coll.insert_many([RawBSONDocument(r) for r in raws[start : start + batch]], ordered=False)
 
 
-# -- quantiles and counters -----------------------------------------------------
+# -- quantiles, counters, managers -----------------------------------------------
 
 
 def quantile(sorted_values: Sequence[float], p: float) -> float:
@@ -151,6 +151,15 @@ def bypass_split(before: Any, after: Any) -> tuple[int, int]:
     return after.bypass_total - before.bypass_total - behind, behind
 
 
+def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) -> dict[str, int]:
+    """What a manager counted between two snapshots: each of ``names``, then
+    its bypasses as ``bypass_split`` splits them, ``bypasses`` (any reason
+    but the causal floor) and ``behind`` (the causal floor)."""
+    out = {name: getattr(after, name) - getattr(before, name) for name in names}
+    out["bypasses"], out["behind"] = bypass_split(before, after)
+    return out
+
+
 def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
     """Call every read until a whole pass is served from the cache; return
     the passes it took (0 if ``timeout`` seconds passed first). Misses admit
@@ -171,10 +180,67 @@ def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: f
         time.sleep(pause)
 
 
+def warm_ready(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None) -> int:
+    """Wait until the change streams (of ``database``, or all) serve, then
+    ``warm_until_hits``; the passes it took. Either taking longer than
+    ``timeout`` seconds fails the benchmark."""
+    if not manager.wait_ready(timeout, database):
+        raise BenchmarkFailed(f"the change stream did not become ready within {timeout:g} s")
+    passes = warm_until_hits(manager, reads, timeout)
+    if not passes:
+        raise BenchmarkFailed(f"the warm-up reads are not all served from the cache after {timeout:g} s")
+    return passes
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, pause: float = 0.01) -> Any:
+    """The first true value of ``condition()``, asked every ``pause``
+    seconds; None if ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(pause)
+    return None
+
+
 def manager_for(cls: Any, client: Any, shared: str | None, **local: Any) -> Any:
     """A ``CacheManager``/``AsyncCacheManager``: attached to the owner
     ``shared``, or process-local with ``local``'s options."""
     return cls(client, shared=shared) if shared else cls(client, **local)
+
+
+async def resolved(value: Any) -> Any:
+    """``value``, awaited if the API that returned it is async: one worker body for both APIs."""
+    return await value if asyncio.iscoroutine(value) else value
+
+
+@contextlib.asynccontextmanager
+async def worker_client(
+    uri: str, is_async: bool, shared: str | None, *, cached: bool = True, listeners: Sequence[Any] = (), **local: Any
+) -> AsyncIterator[tuple[Any, Any]]:
+    """A worker's ``MongoClient`` (``AsyncMongoClient`` if ``is_async``) with the command
+    ``listeners``, and its cache manager (``manager_for``; None unless ``cached``); both are
+    closed when the block ends."""
+    import client_query_cache as cqc
+
+    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(uri, event_listeners=list(listeners))
+    manager: Any = None
+    try:
+        if cached:
+            manager = manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared, **local)
+        yield client, manager
+    finally:
+        if manager is not None:
+            await resolved(manager.close())
+        await resolved(client.close())
+
+
+async def registered(manager: Any, coll: Any, db: str, timeout: float) -> None:
+    """Register ``coll`` with a first read (of ``_id`` 0), which starts the database's change
+    stream, and wait until the stream is ready."""
+    await resolved(coll.find_one({"_id": 0}))
+    if not await resolved(manager.wait_ready(timeout, database=db)):
+        raise BenchmarkFailed("the change stream did not become ready")
 
 
 # -- progress, options, reports ---------------------------------------------------
@@ -235,6 +301,22 @@ def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]], ind
     print(indent + "-" * len(head))
     for row in rows:
         print(indent + " ".join(format(value, spec) for value, (_, spec) in zip(row, columns, strict=True)))
+
+
+class _Dash:
+    """A table cell without a figure: "-" in its column's alignment and width."""
+
+    def __format__(self, spec: str) -> str:
+        align = spec[0] if spec[:1] in ("<", ">", "^") else ">"
+        width = "".join(itertools.takewhile(str.isdigit, spec.lstrip("<>^")))
+        return f"{'-':{align}{width}}"
+
+
+def cell(value: Any) -> Any:
+    """``value`` as a ``table`` cell: ``None`` or a float that is not finite
+    (no figure) prints as "-" whatever the column's format spec."""
+    missing = value is None or (isinstance(value, float) and not math.isfinite(value))
+    return _Dash() if missing else value
 
 
 def machine_facts() -> dict[str, Any]:
@@ -616,73 +698,3 @@ class Pool:
                 p.join(5)
         self.shared.results.close()
         self.shared.results.join_thread()
-
-
-# -- added for workloads/collection_reads --
-
-
-def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) -> dict[str, int]:
-    """What a manager counted between two snapshots: each of ``names``, then
-    its bypasses as ``bypass_split`` splits them, ``bypasses`` (any reason
-    but the causal floor) and ``behind`` (the causal floor)."""
-    out = {name: getattr(after, name) - getattr(before, name) for name in names}
-    out["bypasses"], out["behind"] = bypass_split(before, after)
-    return out
-
-
-# -- added for guard/hit_path --
-
-
-def warm_ready(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None) -> int:
-    """Wait until the change streams (of ``database``, or all) serve, then
-    ``warm_until_hits``; the passes it took. Either taking longer than
-    ``timeout`` seconds fails the benchmark."""
-    if not manager.wait_ready(timeout, database):
-        raise BenchmarkFailed(f"the change stream did not become ready within {timeout:g} s")
-    passes = warm_until_hits(manager, reads, timeout)
-    if not passes:
-        raise BenchmarkFailed(f"the warm-up reads are not all served from the cache after {timeout:g} s")
-    return passes
-
-
-def cell(value: float | None, spec: str) -> str:
-    """``value`` formatted with ``spec`` for a table, or "-" when there is
-    none (None, nan or infinite)."""
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
-
-
-# -- added for public_shared_cache/coherence --
-
-
-async def resolved(value: Any) -> Any:
-    """``value``, awaited if the API that returned it is async: one worker body for both APIs."""
-    return await value if asyncio.iscoroutine(value) else value
-
-
-@contextlib.asynccontextmanager
-async def worker_client(
-    uri: str, is_async: bool, shared: str | None, *, cached: bool = True, listeners: Sequence[Any] = (), **local: Any
-) -> AsyncIterator[tuple[Any, Any]]:
-    """A worker's ``MongoClient`` (``AsyncMongoClient`` if ``is_async``) with the command
-    ``listeners``, and its cache manager (``manager_for``; None unless ``cached``); both are
-    closed when the block ends."""
-    import client_query_cache as cqc
-
-    client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(uri, event_listeners=list(listeners))
-    manager: Any = None
-    try:
-        if cached:
-            manager = manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared, **local)
-        yield client, manager
-    finally:
-        if manager is not None:
-            await resolved(manager.close())
-        await resolved(client.close())
-
-
-async def registered(manager: Any, coll: Any, db: str, timeout: float) -> None:
-    """Register ``coll`` with a first read (of ``_id`` 0), which starts the database's change
-    stream, and wait until the stream is ready."""
-    await resolved(coll.find_one({"_id": 0}))
-    if not await resolved(manager.wait_ready(timeout, database=db)):
-        raise BenchmarkFailed("the change stream did not become ready")

@@ -661,7 +661,7 @@ def measure(
 
 
 def _fmt_ns(ns: float) -> str:
-    return kit.cell(ns / 1000, ".2f")
+    return format(kit.cell(ns / 1000), ".2f")
 
 
 def _block_medians(blocks: list[dict[str, Any]], case: str, side: str) -> list[Any]:
@@ -680,16 +680,16 @@ def _print(report: dict[str, Any]) -> None:
     if cfg["slowdown_injection"] != 1.0:
         print(f"SELF-CHECK: the working-tree side's timed intervals are stretched {cfg['slowdown_injection']:g}x")
     columns = [
-        ("case", "<13"), ("ops", ">5"), ("base p50 us", ">12"), ("work p50 us", ">12"), ("work/base", ">9"),
-        ("estimate", ">8"), (f"{cfg['confidence']:.0%} interval", ">17"), ("verdict", ""),
+        ("case", "<13"), ("ops", ">5"), ("base p50 us", ">12.2f"), ("work p50 us", ">12.2f"), ("work/base", ">9.3f"),
+        ("estimate", ">8.3f"), (f"{cfg['confidence']:.0%} interval", ">17"), ("verdict", ""),
     ]  # fmt: skip
     rows = []
     for case, r in report["cases"].items():
         c = r["comparison"]
         span = f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]" if math.isfinite(c["ci_low"]) else "-"
         rows.append((
-            case, cfg["ops"][case], _fmt_ns(r["base_p50_ns"]), _fmt_ns(r["work_p50_ns"]),
-            kit.cell(c["ratio_of_medians"], ".3f"), kit.cell(c["estimate"], ".3f"), span, c["verdict"],
+            case, cfg["ops"][case], kit.cell(r["base_p50_ns"] / 1000), kit.cell(r["work_p50_ns"] / 1000),
+            kit.cell(c["ratio_of_medians"]), kit.cell(c["estimate"]), span, c["verdict"],
         ))  # fmt: skip
     kit.table(columns, rows)
     for case, r in report["cases"].items():
