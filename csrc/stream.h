@@ -16,6 +16,11 @@
  * treat progress older than the stall bound as unhealthy, so a hung socket
  * stops serving within the bound even before the driver notices.
  *
+ * FAILED is for what retrying soon will not mend: the server refuses the
+ * stream, libmongoc refuses the URI, or the TLS handshake fails to verify
+ * the server (its certificate chain, its name, its OCSP status). Network
+ * errors are RECONNECTING.
+ *
  * Resume: the last resume token is kept across errors. A resume that fails
  * for any reason other than the network (history lost, token unknown) drops
  * every entry of the database (its incarnation is bumped) before the stream
