@@ -25,6 +25,8 @@ struct cqc_stream {
    uint32_t db_idx;
    char *db_name;
    char *uri;
+   char *ca_file; /* cqc_trust_t, owned copies; NULL: none */
+   char *ca_dir;
    int64_t max_await_ms;
 
    pthread_t thread;
@@ -343,6 +345,43 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
 /* The follower thread                                                      */
 /* ======================================================================== */
 
+#ifdef MONGOC_ENABLE_SSL
+/* A URI that turns TLS on and checks certificates without naming the
+ * authorities (tlsCAFile) gets the platform's trust store, s->ca_file and
+ * s->ca_dir, instead of the one compiled into libmongoc's OpenSSL (which in
+ * the wheel is Debian's /usr/lib/ssl). The other fields are read from the
+ * URI exactly as libmongoc reads them itself (_mongoc_ssl_opts_from_uri,
+ * the same from 1.23 to 2.x), and mongoc_client_set_ssl_opts keeps the
+ * OCSP options the client parsed from it: what is verified stays what the
+ * URI says; only where the authorities come from changes. Nothing is
+ * allocated: libmongoc copies the strings. */
+static void
+use_platform_trust (const cqc_stream_t *s, const mongoc_uri_t *uri, mongoc_client_t *client)
+{
+   mongoc_ssl_opt_t opt = {0};
+   bool insecure;
+
+   if ((!s->ca_file && !s->ca_dir) || !mongoc_uri_get_tls (uri) ||
+       mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL)) {
+      return;
+   }
+   insecure = mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSINSECURE, false);
+   opt.weak_cert_validation =
+      mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, insecure);
+   if (opt.weak_cert_validation) {
+      return; /* no chain is verified: there are no authorities to find */
+   }
+   opt.allow_invalid_hostname =
+      mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, insecure);
+   opt.pem_file = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, NULL);
+   opt.pem_pwd =
+      mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILEPASSWORD, NULL);
+   opt.ca_file = s->ca_file;
+   opt.ca_dir = s->ca_dir;
+   mongoc_client_set_ssl_opts (client, &opt);
+}
+#endif
+
 static mongoc_client_t *
 make_client (cqc_stream_t *s, bson_error_t *error)
 {
@@ -362,6 +401,9 @@ make_client (cqc_stream_t *s, bson_error_t *error)
    client = mongoc_client_new_from_uri_with_error (uri, error);
    if (client) {
       mongoc_client_set_error_api (client, MONGOC_ERROR_API_VERSION_2);
+#ifdef MONGOC_ENABLE_SSL
+      use_platform_trust (s, uri, client);
+#endif
    }
 cleanup:
    mongoc_uri_destroy (uri);
@@ -725,7 +767,7 @@ stream_main (void *arg)
 
 cqc_stream_t *
 cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const char *uri,
-                  int64_t max_await_ms, char *err, size_t errlen)
+                  const cqc_trust_t *trust, int64_t max_await_ms, char *err, size_t errlen)
 {
    cqc_stream_t *s = calloc (1, sizeof *s);
    bool ok = false;
@@ -739,9 +781,12 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
    s->max_await_ms = max_await_ms;
    s->db_name = strdup (db_name);
    s->uri = strdup (uri);
+   s->ca_file = trust && trust->ca_file ? strdup (trust->ca_file) : NULL;
+   s->ca_dir = trust && trust->ca_dir ? strdup (trust->ca_dir) : NULL;
    pthread_mutex_init (&s->mu, NULL);
    pthread_cond_init (&s->cv, NULL);
-   if (!s->db_name || !s->uri) {
+   if (!s->db_name || !s->uri || (trust && trust->ca_file && !s->ca_file) ||
+       (trust && trust->ca_dir && !s->ca_dir)) {
       snprintf (err, errlen, "out of memory");
       goto cleanup;
    }
@@ -791,6 +836,8 @@ cqc_stream_destroy (cqc_stream_t *s)
       memset (s->uri, 0, strlen (s->uri));
    }
    free (s->uri);
+   free (s->ca_file);
+   free (s->ca_dir);
    free (s->db_name);
    free (s);
 }
