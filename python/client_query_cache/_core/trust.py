@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import ssl
 from collections.abc import Callable
+
+try:
+    import ssl
+except ImportError:  # a Python built without it, where PyMongo has no TLS either
+    ssl = None  # type: ignore[assignment]
 
 __all__ = ["BUNDLE_LOCATIONS", "DIRECTORY_LOCATIONS", "Trust", "platform_trust"]
 
@@ -75,8 +79,11 @@ def platform_trust() -> Trust:
     """The trust store PyMongo verifies with in this process (see the
     module's docstring). Reads the environment and the file system anew on
     each call."""
-    paths = ssl.get_default_verify_paths()  # None for what does not exist
-    ca_file, ca_dir = paths.cafile, paths.capath
+    ca_file: str | None = None
+    ca_dir: str | None = None
+    if ssl is not None:
+        paths = ssl.get_default_verify_paths()  # None for what does not exist
+        ca_file, ca_dir = paths.cafile, paths.capath
     if not any(os.environ.get(name) for name in _ENV_VARS):
         if ca_file is None:
             ca_file = _first(BUNDLE_LOCATIONS, os.path.isfile)
