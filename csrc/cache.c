@@ -219,8 +219,12 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
    c->final_info = calloc (dbs, sizeof (cqc_stream_info_t));
    /* A worker follows nothing: the owner does. */
    c->uri = mode != CQC_MODE_WORKER && cfg->uri ? strdup (cfg->uri) : NULL;
+   c->tls_ca_file = c->uri && cfg->tls_ca_file ? strdup (cfg->tls_ca_file) : NULL;
+   c->tls_ca_dir = c->uri && cfg->tls_ca_dir ? strdup (cfg->tls_ca_dir) : NULL;
    if (!c->streams || !c->final_info || !cqc_floor_init (&c->floor, dbs) ||
-       (mode != CQC_MODE_WORKER && cfg->uri && !c->uri)) {
+       (mode != CQC_MODE_WORKER && cfg->uri && !c->uri) ||
+       (c->uri && cfg->tls_ca_file && !c->tls_ca_file) ||
+       (c->uri && cfg->tls_ca_dir && !c->tls_ca_dir)) {
       cqc_error_set (err, CQC_ERR_MEMORY, "out of memory");
       return false;
    }
@@ -293,6 +297,8 @@ cqc_cache_release (cqc_cache_t *c, bool threads)
       memset (c->uri, 0, strlen (c->uri));
       free (c->uri);
    }
+   free (c->tls_ca_file);
+   free (c->tls_ca_dir);
    memset (c, 0, sizeof *c);
 }
 
@@ -324,8 +330,9 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
    }
    pthread_mutex_lock (&c->threads_mu);
    if (c->uri && !c->stopped && !c->streams[*db_idx]) {
+      cqc_trust_t trust = {c->tls_ca_file, c->tls_ca_dir};
       st = c->streams[*db_idx] = cqc_stream_start (&c->writer, *db_idx, c->arena.dbs[*db_idx].name,
-                                                   c->uri, c->max_await_ms, msg, sizeof msg);
+                                                   c->uri, &trust, c->max_await_ms, msg, sizeof msg);
       ok = st != NULL;
    }
    pthread_mutex_unlock (&c->threads_mu);

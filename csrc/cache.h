@@ -43,6 +43,8 @@ typedef struct {
    unsigned int slot_count;                 /* local, owner */
    unsigned long long arena_bytes;          /* owner; 0: what the budget and slots need */
    const char *uri;                         /* local, owner; NULL: no followers */
+   const char *tls_ca_file;                 /* local, owner: cqc_trust_t (stream.h) */
+   const char *tls_ca_dir;                  /* local, owner; either may be NULL */
    long long max_await_ms;                  /* local, owner */
    const char *arena_path;                  /* owner (created), worker (attached) */
    unsigned long long heartbeat_timeout_ms; /* owner */
@@ -69,6 +71,8 @@ typedef struct {
    cqc_stream_info_t *final_info;
    bool stopped;
    char *uri; /* NULL: no followers */
+   char *tls_ca_file; /* the followers' cqc_trust_t; NULL: none */
+   char *tls_ca_dir;
    int64_t max_await_ms;
    cqc_floor_t floor;
    /* This process's lookups. */

@@ -214,19 +214,21 @@ cache_make (PyObject *cls, cqc_mode_t mode, const cqc_cache_config_t *cfg, PyObj
 }
 
 /* Cache.local(budget_bytes, slot_count, uri, max_await_time_ms, decode,
- *             objectid_type, closed_error, forked_error) */
+ *             objectid_type, closed_error, forked_error, tls_ca_file=None,
+ *             tls_ca_dir=None) */
 static PyObject *
 Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
 {
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",          "max_await_time_ms",
                             "decode",       "objectid_type", "closed_error", "forked_error",
-                            NULL};
+                            "tls_ca_file",  "tls_ca_dir",    NULL};
    cqc_cache_config_t cfg = {0};
    PyObject *decode, *oid, *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zz", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms, &decode, &oid,
-                                     &closed_error, &forked_error)) {
+                                     &closed_error, &forked_error, &cfg.tls_ca_file,
+                                     &cfg.tls_ca_dir)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_LOCAL, &cfg, decode, oid, closed_error, forked_error);
@@ -234,21 +236,22 @@ Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
 
 /* Cache.owner(budget_bytes, slot_count, uri, max_await_time_ms, arena_path,
  *             closed_error, forked_error, heartbeat_timeout_ms=1000,
- *             arena_bytes=0) */
+ *             arena_bytes=0, tls_ca_file=None, tls_ca_dir=None) */
 static PyObject *
 Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
 {
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",
                             "max_await_time_ms",    "arena_path",   "closed_error",
                             "forked_error", "heartbeat_timeout_ms", "arena_bytes",
-                            NULL};
+                            "tls_ca_file",  "tls_ca_dir",   NULL};
    cqc_cache_config_t cfg = {.heartbeat_timeout_ms = 1000};
    PyObject *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KK", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KKzz", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms,
                                      &cfg.arena_path, &closed_error, &forked_error,
-                                     &cfg.heartbeat_timeout_ms, &cfg.arena_bytes)) {
+                                     &cfg.heartbeat_timeout_ms, &cfg.arena_bytes,
+                                     &cfg.tls_ca_file, &cfg.tls_ca_dir)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error);

@@ -25,6 +25,8 @@ struct cqc_stream {
    uint32_t db_idx;
    char *db_name;
    char *uri;
+   char *ca_file; /* cqc_trust_t, owned copies; NULL: none */
+   char *ca_dir;
    int64_t max_await_ms;
 
    pthread_t thread;
@@ -343,6 +345,43 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
 /* The follower thread                                                      */
 /* ======================================================================== */
 
+#ifdef MONGOC_ENABLE_SSL
+/* A URI that turns TLS on and checks certificates without naming the
+ * authorities (tlsCAFile) gets the platform's trust store, s->ca_file and
+ * s->ca_dir, instead of the one compiled into libmongoc's OpenSSL (which in
+ * the wheel is Debian's /usr/lib/ssl). The other fields are read from the
+ * URI exactly as libmongoc reads them itself (_mongoc_ssl_opts_from_uri,
+ * the same from 1.23 to 2.x), and mongoc_client_set_ssl_opts keeps the
+ * OCSP options the client parsed from it: what is verified stays what the
+ * URI says; only where the authorities come from changes. Nothing is
+ * allocated: libmongoc copies the strings. */
+static void
+use_platform_trust (const cqc_stream_t *s, const mongoc_uri_t *uri, mongoc_client_t *client)
+{
+   mongoc_ssl_opt_t opt = {0};
+   bool insecure;
+
+   if ((!s->ca_file && !s->ca_dir) || !mongoc_uri_get_tls (uri) ||
+       mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL)) {
+      return;
+   }
+   insecure = mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSINSECURE, false);
+   opt.weak_cert_validation =
+      mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, insecure);
+   if (opt.weak_cert_validation) {
+      return; /* no chain is verified: there are no authorities to find */
+   }
+   opt.allow_invalid_hostname =
+      mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, insecure);
+   opt.pem_file = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, NULL);
+   opt.pem_pwd =
+      mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILEPASSWORD, NULL);
+   opt.ca_file = s->ca_file;
+   opt.ca_dir = s->ca_dir;
+   mongoc_client_set_ssl_opts (client, &opt);
+}
+#endif
+
 static mongoc_client_t *
 make_client (cqc_stream_t *s, bson_error_t *error)
 {
@@ -362,31 +401,13 @@ make_client (cqc_stream_t *s, bson_error_t *error)
    client = mongoc_client_new_from_uri_with_error (uri, error);
    if (client) {
       mongoc_client_set_error_api (client, MONGOC_ERROR_API_VERSION_2);
+#ifdef MONGOC_ENABLE_SSL
+      use_platform_trust (s, uri, client);
+#endif
    }
 cleanup:
    mongoc_uri_destroy (uri);
    return client;
-}
-
-/* Read the deployment's cluster time, so the stream knows when it has caught
- * up with everything that happened before it was opened. */
-static void
-read_open_time (mongoc_client_t *client, follow_t *f)
-{
-   bson_t cmd = BSON_INITIALIZER;
-   bson_t reply;
-   bson_iter_t it;
-
-   f->have_open_time = false;
-   BSON_APPEND_INT32 (&cmd, "ping", 1);
-   if (mongoc_client_command_simple (client, "admin", &cmd, NULL, &reply, NULL)) {
-      if (bson_iter_init_find (&it, &reply, "operationTime") && BSON_ITER_HOLDS_TIMESTAMP (&it)) {
-         bson_iter_timestamp (&it, &f->open_t, &f->open_i);
-         f->have_open_time = true;
-      }
-   }
-   bson_destroy (&reply);
-   bson_destroy (&cmd);
 }
 
 static bool
@@ -394,6 +415,50 @@ is_network_error (const bson_error_t *e)
 {
    return e->domain == MONGOC_ERROR_STREAM || e->domain == MONGOC_ERROR_SERVER_SELECTION ||
           e->domain == MONGOC_ERROR_CLIENT || e->domain == MONGOC_ERROR_PROTOCOL;
+}
+
+/* Whether the TLS handshake failed because this side refused the server:
+ * its certificate chain (unknown authority, expired, ...), its name, or its
+ * OCSP status. libmongoc has no error code of its own for these, only the
+ * messages of its OpenSSL stream (mongoc-stream-tls-openssl.c, the same
+ * from 1.23 to 2.x), which server selection quotes in its own. */
+static bool
+is_tls_refusal (const bson_error_t *e)
+{
+   return (e->domain == MONGOC_ERROR_STREAM || e->domain == MONGOC_ERROR_SERVER_SELECTION) &&
+          (strstr (e->message, "TLS handshake failed: certificate verify failed") ||
+           strstr (e->message, "TLS handshake failed: Failed certificate verification") ||
+           strstr (e->message, "TLS handshake failed: Failed OCSP verification"));
+}
+
+/* Read the deployment's cluster time, so the stream knows when it has caught
+ * up with everything that happened before it was opened. Returns false,
+ * with *error set, when the server could not be reached (selection, the
+ * network, TLS, authentication): opening the stream cannot work either, and
+ * this error says why, where a second attempt inside libmongoc's 5 s
+ * cooldown would only say "No servers yet eligible for rescan". Any other
+ * failure only leaves the open time unknown. */
+static bool
+read_open_time (mongoc_client_t *client, follow_t *f, bson_error_t *error)
+{
+   bson_t cmd = BSON_INITIALIZER;
+   bson_t reply;
+   bson_iter_t it;
+   bool reached = true;
+
+   f->have_open_time = false;
+   BSON_APPEND_INT32 (&cmd, "ping", 1);
+   if (mongoc_client_command_simple (client, "admin", &cmd, NULL, &reply, error)) {
+      if (bson_iter_init_find (&it, &reply, "operationTime") && BSON_ITER_HOLDS_TIMESTAMP (&it)) {
+         bson_iter_timestamp (&it, &f->open_t, &f->open_i);
+         f->have_open_time = true;
+      }
+   } else {
+      reached = !is_network_error (error);
+   }
+   bson_destroy (&reply);
+   bson_destroy (&cmd);
+   return reached;
 }
 
 static bool
@@ -415,6 +480,15 @@ handle_error (cqc_stream_t *s, follow_t *f, const bson_error_t *e, int64_t *back
    s->w.arena->dbs[s->db_idx].reconnects++;
    pthread_mutex_unlock (s->w.lock);
 
+   if (is_tls_refusal (e)) {
+      /* This side refused the server's certificate: a matter of
+       * configuration (the authorities, the name) or of the server's
+       * certificate, which a quick retry will not mend. The resume token is
+       * kept: a server it can verify again resumes where this one left. */
+      set_state (s, CQC_STREAM_FAILED);
+      *backoff = BACKOFF_FAILED_MS;
+      return *backoff;
+   }
    if (is_network_error (e) && !is_history_lost (e)) {
       set_state (s, CQC_STREAM_RECONNECTING);
       *backoff = *backoff ? (*backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : *backoff * 2)
@@ -452,11 +526,12 @@ save_token (follow_t *f, const bson_t *token, bool start_after)
 /* Start a catch-up: note the owner's freeze count, then read the
  * deployment's time (in that order: a freeze noted after the time was read
  * would let a time from before it pass). */
-static void
-read_open_time_noting_freezes (cqc_stream_t *s, mongoc_client_t *client, follow_t *f)
+static bool
+read_open_time_noting_freezes (cqc_stream_t *s, mongoc_client_t *client, follow_t *f,
+                               bson_error_t *error)
 {
    f->freezes = __atomic_load_n (&s->w.arena->hdr->freezes, __ATOMIC_ACQUIRE);
-   read_open_time (client, f);
+   return read_open_time (client, f, error);
 }
 
 static void catch_up_first (cqc_stream_t *s, follow_t *f, mongoc_client_t *client);
@@ -523,8 +598,10 @@ distrusted (cqc_stream_t *s)
 static void
 catch_up_first (cqc_stream_t *s, follow_t *f, mongoc_client_t *client)
 {
+   bson_error_t ignored; /* the stream's next batch tells whether it still works */
+
    set_state (s, CQC_STREAM_RECONNECTING);
-   read_open_time_noting_freezes (s, client, f);
+   read_open_time_noting_freezes (s, client, f, &ignored);
    f->caught_up = false;
 }
 
@@ -624,7 +701,7 @@ stream_main (void *arg)
       mongoc_change_stream_t *cs = NULL;
       const bson_t *reply = NULL;
       bson_t opts = BSON_INITIALIZER;
-      bool ok;
+      bool ok, reached;
 
       set_state (s, started ? CQC_STREAM_RECONNECTING : CQC_STREAM_CONNECTING);
       started = true;
@@ -643,21 +720,25 @@ stream_main (void *arg)
          /* Starting again without a token: what was cached is unverifiable. */
          drop_database_entries (s, false);
       }
-      read_open_time_noting_freezes (s, client, &f);
+      reached = read_open_time_noting_freezes (s, client, &f, &error);
       f.caught_up = false;
       f.fresh = f.token == NULL;
-      BSON_APPEND_INT64 (&opts, "maxAwaitTimeMS", s->max_await_ms);
-      if (f.token) {
-         BSON_APPEND_DOCUMENT (&opts, f.start_after ? "startAfter" : "resumeAfter", f.token);
-      }
-      cs = mongoc_database_watch (db, pipeline, &opts);
-      bson_destroy (&opts);
-      if (mongoc_change_stream_error_document (cs, &error, &reply)) {
-         ok = false;
+      if (!reached) {
+         ok = false; /* error says why */
       } else {
-         ok = follow (s, &f, client, cs, &error, &backoff);
+         BSON_APPEND_INT64 (&opts, "maxAwaitTimeMS", s->max_await_ms);
+         if (f.token) {
+            BSON_APPEND_DOCUMENT (&opts, f.start_after ? "startAfter" : "resumeAfter", f.token);
+         }
+         cs = mongoc_database_watch (db, pipeline, &opts);
+         if (mongoc_change_stream_error_document (cs, &error, &reply)) {
+            ok = false;
+         } else {
+            ok = follow (s, &f, client, cs, &error, &backoff);
+         }
+         mongoc_change_stream_destroy (cs);
       }
-      mongoc_change_stream_destroy (cs);
+      bson_destroy (&opts);
       if (!ok && !should_stop (s)) {
          if (is_network_error (&error)) {
             /* A single-threaded client keeps a server it failed to reach
@@ -686,7 +767,7 @@ stream_main (void *arg)
 
 cqc_stream_t *
 cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const char *uri,
-                  int64_t max_await_ms, char *err, size_t errlen)
+                  const cqc_trust_t *trust, int64_t max_await_ms, char *err, size_t errlen)
 {
    cqc_stream_t *s = calloc (1, sizeof *s);
    bool ok = false;
@@ -700,9 +781,12 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
    s->max_await_ms = max_await_ms;
    s->db_name = strdup (db_name);
    s->uri = strdup (uri);
+   s->ca_file = trust && trust->ca_file ? strdup (trust->ca_file) : NULL;
+   s->ca_dir = trust && trust->ca_dir ? strdup (trust->ca_dir) : NULL;
    pthread_mutex_init (&s->mu, NULL);
    pthread_cond_init (&s->cv, NULL);
-   if (!s->db_name || !s->uri) {
+   if (!s->db_name || !s->uri || (trust && trust->ca_file && !s->ca_file) ||
+       (trust && trust->ca_dir && !s->ca_dir)) {
       snprintf (err, errlen, "out of memory");
       goto cleanup;
    }
@@ -752,6 +836,8 @@ cqc_stream_destroy (cqc_stream_t *s)
       memset (s->uri, 0, strlen (s->uri));
    }
    free (s->uri);
+   free (s->ca_file);
+   free (s->ca_dir);
    free (s->db_name);
    free (s);
 }

@@ -16,6 +16,17 @@
  * treat progress older than the stall bound as unhealthy, so a hung socket
  * stops serving within the bound even before the driver notices.
  *
+ * FAILED is for what retrying soon will not mend: the server refuses the
+ * stream, libmongoc refuses the URI, or the TLS handshake fails to verify
+ * the server (its certificate chain, its name, its OCSP status). Network
+ * errors are RECONNECTING.
+ *
+ * TLS: a URI that turns TLS on and verifies certificates without naming
+ * the authorities (no tlsCAFile) verifies against the trust store given to
+ * cqc_stream_start (the platform's, resolved by the package), not the one
+ * compiled into libmongoc's OpenSSL, so a wheel built on Debian verifies on
+ * RHEL too. Everything else about TLS is the URI's, as libmongoc reads it.
+ *
  * Resume: the last resume token is kept across errors. A resume that fails
  * for any reason other than the network (history lost, token unknown) drops
  * every entry of the database (its incarnation is bumped) before the stream
@@ -40,11 +51,20 @@ typedef struct {
    char last_error[256];
 } cqc_stream_info_t;
 
+/* The certificate authorities a follower verifies the server with when its
+ * URI turns TLS on without tlsCAFile: a PEM bundle, a hashed directory
+ * (c_rehash), or both. Both NULL: libmongoc's default (its OpenSSL's
+ * SSL_CERT_FILE / SSL_CERT_DIR, else its compiled-in OPENSSLDIR). */
+typedef struct {
+   const char *ca_file;
+   const char *ca_dir;
+} cqc_trust_t;
+
 /* Start following `db_name` (already registered at db_idx). `uri` is copied
- * and never logged. */
+ * and never logged; `trust`'s paths (may be NULL) are copied. */
 cqc_stream_t *cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name,
-                                const char *uri, int64_t max_await_ms, char *err,
-                                size_t errlen);
+                                const char *uri, const cqc_trust_t *trust,
+                                int64_t max_await_ms, char *err, size_t errlen);
 
 /* Ask the follower to stop; returns at once. */
 void cqc_stream_signal_stop (cqc_stream_t *s);

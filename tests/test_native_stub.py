@@ -84,6 +84,8 @@ def _values(tmp_path: Path) -> dict[str, object]:
         "ring_bytes": 1 << 20,
         "heartbeat_timeout_ms": 1000,
         "arena_bytes": 0,
+        "tls_ca_file": None,
+        "tls_ca_dir": None,
     }
 
 

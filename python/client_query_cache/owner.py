@@ -90,6 +90,10 @@ class _Owner:
             forked_error=CacheForkedError,
             heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
             arena_bytes=int(config.get("arena_bytes") or 0),
+            # The platform's trust store, resolved by SharedCache.start
+            # (_core/trust.py): for a URI with TLS on and no tlsCAFile.
+            tls_ca_file=config.get("tls_ca_file"),
+            tls_ca_dir=config.get("tls_ca_dir"),
         )
         old = os.umask(0o177)
         try:

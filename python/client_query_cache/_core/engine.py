@@ -36,6 +36,7 @@ from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
 from .shared import OwnerLink, SharedCacheError, ring_bytes_for, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
+from .trust import platform_trust
 
 __all__ = [
     "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY", "FALLBACK",
@@ -175,11 +176,16 @@ class Engine:
             forked_error=CacheForkedError,
         )
         if link is None:
+            # Used by the followers only where the URI turns TLS on without
+            # tlsCAFile (trust.py).
+            trust = platform_trust()
             self.native = _native.Cache.local(
                 budget_bytes=config.budget_bytes,
                 slot_count=config.effective_slot_count,
                 uri=stream_uri,
                 max_await_time_ms=config.max_await_time_ms,
+                tls_ca_file=trust.ca_file,
+                tls_ca_dir=trust.ca_dir,
                 **self._reader,
             )
         else:

@@ -26,6 +26,7 @@ from .shared import (
     send_message,
     validate_name,
 )
+from .trust import platform_trust
 
 __all__ = ["SharedCache", "SharedCacheConfig", "attach_or_start"]
 
@@ -78,6 +79,8 @@ class SharedCache:
         except Exception:
             # The parser's message could quote the connection string.
             raise CacheConfigurationError("uri is not a valid MongoDB connection string") from None
+        # Resolved here too, so the owner need not import ssl (trust.py).
+        trust = platform_trust()
         config = {
             "name": name,
             "uri": uri,
@@ -88,6 +91,8 @@ class SharedCache:
             "max_entry_bytes": max_entry_bytes,
             "max_await_time_ms": max_await_time_ms,
             "idle_exit_seconds": idle_exit_seconds,
+            "tls_ca_file": trust.ca_file,
+            "tls_ca_dir": trust.ca_dir,
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "client_query_cache.owner"],

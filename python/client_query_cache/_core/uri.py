@@ -4,7 +4,19 @@ The followers run on libmongoc, so they need a connection string for the same
 deployment as the caller's PyMongo client. It is rebuilt from the client's
 seeds and options; pass ``stream_uri=`` to the manager to give it explicitly
 (for example for options this reconstruction does not carry). The string may
-hold credentials: it is handed to C in memory and never logged or shown.
+hold credentials (a password, a key file's password): it is handed to C in
+memory and never logged or shown.
+
+TLS is rebuilt from what PyMongo made of its options, in libmongoc's terms
+(docs/deployment.md#tls): TLS on whenever the client has an SSL context;
+``tlsCAFile``, ``tlsCertificateKeyFile`` and its password as given; and the
+checks the client skips. PyMongo expands ``tlsInsecure`` into the options it
+stands for, which libmongoc refuses to see beside it, and a client that
+verifies no certificate checks no host name and no OCSP status either (in
+both drivers); so a client that allows invalid certificates gives
+``tlsInsecure=true``, and one that only allows invalid host names gives
+``tlsAllowInvalidHostnames=true``. Without ``tlsCAFile`` the followers
+verify with the platform's trust store (trust.py), as PyMongo does.
 """
 
 from __future__ import annotations
@@ -21,14 +33,15 @@ _PASSTHROUGH = (
     "replicaSet",
     "authSource",
     "authMechanism",
-    "tls",
-    "ssl",
+    "directConnection",
+)
+
+# TLS files copied as they are when TLS is on (PyMongo has checked that the
+# files are readable).
+_TLS_FILES = (
     "tlsCAFile",
     "tlsCertificateKeyFile",
-    "tlsAllowInvalidCertificates",
-    "tlsAllowInvalidHostnames",
-    "tlsInsecure",
-    "directConnection",
+    "tlsCertificateKeyFilePassword",
 )
 
 
@@ -36,6 +49,27 @@ def _format(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _tls_options(lowered: dict[str, Any]) -> dict[str, str]:
+    """The TLS options of a client with TLS on, in libmongoc's terms
+    (``lowered``: the client's options by lower-case name, as PyMongo
+    validated and expanded them)."""
+    query = {"tls": "true"}
+    for name in _TLS_FILES:
+        value = lowered.get(name.lower())
+        if value is not None:
+            query[name] = str(value)
+    if lowered.get("tlsallowinvalidcertificates") is True:
+        # Nothing is verified then, the name and OCSP included: one option
+        # says so to libmongoc without clashing with the others.
+        query["tlsInsecure"] = "true"
+    else:
+        if lowered.get("tlsallowinvalidhostnames") is True:
+            query["tlsAllowInvalidHostnames"] = "true"
+        if lowered.get("tlsdisableocspendpointcheck") is True:
+            query["tlsDisableOCSPEndpointCheck"] = "true"
+    return query
 
 
 def stream_uri_for(client: Any) -> str:
@@ -62,8 +96,8 @@ def stream_uri_for(client: Any) -> str:
             query[name] = _format(lowered[name.lower()])
     if direct is not None:
         query["directConnection"] = _format(bool(direct))
-    if options.pool_options._ssl_context is not None and "tls" not in query and "ssl" not in query:
-        query["tls"] = "true"
+    if options.pool_options._ssl_context is not None:
+        query.update(_tls_options(lowered))
 
     userinfo = ""
     if creds is not None and creds.username:
@@ -78,5 +112,7 @@ def stream_uri_for(client: Any) -> str:
     hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in seeds)
     uri = f"mongodb://{userinfo}{hosts}/"
     if query:
-        uri += "?" + urlencode(query)
+        # %20 for a space, not "+": libmongoc unescapes only %XX sequences
+        # (a key file's password or a path with a space would change).
+        uri += "?" + urlencode(query, quote_via=quote, safe="")
     return uri
