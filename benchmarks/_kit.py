@@ -160,36 +160,50 @@ def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) 
     return out
 
 
-def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
-    """Call every read until a whole pass is served from the cache; return
-    the passes it took (0 if ``timeout`` seconds passed first). Misses admit
-    on the first pass; a read can go to MongoDB for a while longer, until
-    the stream has applied what the process's misses saw (the causal floor,
-    up to two stream rounds)."""
+async def warmed(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
+    """Call every read (awaiting an async API's) until a whole pass is served
+    from the cache; return the passes it took (0 if ``timeout`` seconds
+    passed first). Misses admit on the first pass; a read can go to MongoDB
+    for a while longer, until the stream has applied what the process's
+    misses saw (the causal floor, up to two stream rounds)."""
     deadline = time.monotonic() + timeout
     passes = 0
     while True:
         passes += 1
         before = manager.snapshot().hits
         for read in reads:
-            read()
+            await resolved(read())
         if manager.snapshot().hits - before == len(reads):
             return passes
         if time.monotonic() > deadline:
             return 0
-        time.sleep(pause)
+        await asyncio.sleep(pause)
 
 
-def warm_ready(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None) -> int:
+def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
+    """``warmed`` for the sync API."""
+    return asyncio.run(warmed(manager, reads, timeout, pause))
+
+
+async def warmed_ready(
+    manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None, *, label: str = ""
+) -> int:
     """Wait until the change streams (of ``database``, or all) serve, then
-    ``warm_until_hits``; the passes it took. Either taking longer than
-    ``timeout`` seconds fails the benchmark."""
-    if not manager.wait_ready(timeout, database):
-        raise BenchmarkFailed(f"the change stream did not become ready within {timeout:g} s")
-    passes = warm_until_hits(manager, reads, timeout)
+    ``warmed``; the passes it took. Either taking longer than ``timeout``
+    seconds fails the benchmark (the message starts with ``label``)."""
+    if not await resolved(manager.wait_ready(timeout, database)):
+        raise BenchmarkFailed(f"{label}the change stream did not become ready within {timeout:g} s")
+    passes = await warmed(manager, reads, timeout)
     if not passes:
-        raise BenchmarkFailed(f"the warm-up reads are not all served from the cache after {timeout:g} s")
+        raise BenchmarkFailed(f"{label}the warm-up reads are not all served from the cache after {timeout:g} s")
     return passes
+
+
+def warm_ready(
+    manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None, *, label: str = ""
+) -> int:
+    """``warmed_ready`` for the sync API."""
+    return asyncio.run(warmed_ready(manager, reads, timeout, database, label=label))
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, pause: float = 0.01) -> Any:
@@ -235,12 +249,17 @@ async def worker_client(
         await resolved(client.close())
 
 
-async def registered(manager: Any, coll: Any, db: str, timeout: float) -> None:
+async def registered(manager: Any, coll: Any, db: str, timeout: float, *, label: str = "") -> None:
     """Register ``coll`` with a first read (of ``_id`` 0), which starts the database's change
-    stream, and wait until the stream is ready."""
+    stream, and wait until the stream is ready (else fail, the message starting with ``label``)."""
     await resolved(coll.find_one({"_id": 0}))
     if not await resolved(manager.wait_ready(timeout, database=db)):
-        raise BenchmarkFailed("the change stream did not become ready")
+        raise BenchmarkFailed(f"{label}the change stream did not become ready")
+
+
+def register(manager: Any, coll: Any, db: str, timeout: float, *, label: str = "") -> None:
+    """``registered`` for the sync API."""
+    asyncio.run(registered(manager, coll, db, timeout, label=label))
 
 
 # -- progress, options, reports ---------------------------------------------------

@@ -294,16 +294,9 @@ async def _work(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
     async with kit.worker_client(spec["uri"], is_async, spec["shared_name"], **options) as (_, manager):
         coll = manager[spec["db"]][spec["coll"]]
         await kit.registered(manager, coll, spec["db"], timeout)
-        warm, deadline = _operations(spec), time.monotonic() + timeout
-        while True:
-            h0 = manager.snapshot().hits
-            for kind, target in warm:
-                await kit.resolved(_read(coll, kind, target, 0))
-            if manager.snapshot().hits - h0 == len(warm):
-                break
-            if time.monotonic() > deadline:
-                raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
-            await asyncio.sleep(0.02)
+        warm = [functools.partial(_read, coll, kind, target, 0) for kind, target in _operations(spec)]
+        if not await kit.warmed(manager, warm, timeout, 0.02):
+            raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
         rec, applied = _Reads(spec), functools.partial(applied_time, manager, spec["db"])
         before = manager.snapshot()
         shared.barrier.wait(timeout)

@@ -26,7 +26,7 @@ from bson.int64 import Int64
 from pymongo.errors import PyMongoError
 
 from . import _kit as kit
-from ._kit import MAX_EXAMPLES, Status
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, Status
 from ._oracle import Oracle, Verdict, Write, applied_time, judge, timestamp_int
 from ._proxy import FaultProxy
 
@@ -42,7 +42,7 @@ NEVER = (1 << 63) - 1
 KiB = 1024
 
 
-class FaultRunFailed(RuntimeError):
+class FaultRunFailed(BenchmarkFailed):
     """The harness itself could not run a scenario."""
 
 
@@ -381,9 +381,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
         stack.callback(writer.close)
         stack.callback(reader.close)
         if not scenario.down_at_start:
-            ctx.cached.find_one({"_id": 0})
-            if not manager.wait_ready(timeout, database=ctx.db):
-                raise FaultRunFailed("the stream did not become ready")
+            kit.register(manager, ctx.cached, ctx.db, timeout)
             reader.warm(timeout, scenario.warm_all)
             if scenario.prepare is not None:
                 scenario.prepare(ctx)
@@ -492,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status(name)
         try:
             results.append(run_scenario(name, seed=args.seed))
-        except FaultRunFailed as exc:
+        except BenchmarkFailed as exc:
             print(f"error: {name}: {exc}", file=sys.stderr)
             return 1
     report = {

@@ -332,9 +332,7 @@ def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
         client: pymongo.MongoClient[Any] = stack.enter_context(pymongo.MongoClient(spec["uri"]))
         manager = stack.enter_context(CacheManager(client, shared=spec["shared_name"]))
         worker = _Worker(spec, manager, reads, writes)
-        worker.coll.find_one({"_id": 0})
-        if not manager.wait_ready(spec["timeout"], database=spec["db"]):
-            raise BenchmarkFailed("the change stream did not become ready")
+        kit.register(manager, worker.coll, spec["db"], spec["timeout"])
         worker.session = stack.enter_context(client.start_session(causal_consistency=False))
         return worker.loop(shared)
 

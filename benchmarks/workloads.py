@@ -175,14 +175,9 @@ def _warm(manager: Any, reader: Any, db: str, keys: int, timeout: float, what: s
     """Start the database's stream (the first read registers the namespace)
     and wait until it is ready, then read every key until a whole pass hits;
     return the passes it took."""
-    reader.find_one({"_id": 0})
-    if not manager.wait_ready(timeout, database=db):
-        raise BenchmarkFailed(f"{what}: the change stream did not become ready")
+    kit.register(manager, reader, db, timeout, label=f"{what}: ")
     reads = [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)]
-    passes = kit.warm_until_hits(manager, reads, timeout)
-    if not passes:
-        raise BenchmarkFailed(f"{what}: documents still missing after {timeout:g} s of warm-up passes")
-    return passes
+    return kit.warm_ready(manager, reads, timeout, db, label=f"{what}: ")
 
 
 # -- Part 1: the mix matrix ------------------------------------------------------
