@@ -289,6 +289,13 @@ def parser(module: str, doc: str | None, *, json_flag: str = "--json", seed: int
     return out
 
 
+def defaults(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """Give each option named in ``values`` that the command line left out (None) its value there."""
+    for name, value in values.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def at_least_one(parser_: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
     for name in names:
         if getattr(args, name) < 1:
@@ -453,16 +460,21 @@ def conclude(
     return exit_code(problems or (), headline)
 
 
-def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progress) -> Any:
+def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progress, *, timed: bool = False) -> Any:
     """``run(uri)`` against the disposable server (or ``MONGODB_URI``); None
-    (the error printed) if the benchmark failed."""
+    (the error printed) if the benchmark failed. ``timed``: the report
+    ``run`` returned gets ``elapsed_seconds``, server start included."""
+    started = time.perf_counter()
     try:
         status("starting the server (or using MONGODB_URI)")
         with server() as uri:
-            return run(uri)
+            report = run(uri)
     except BenchmarkFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+    if timed:
+        report["elapsed_seconds"] = time.perf_counter() - started
+    return report
 
 
 # -- processes: the server, owners, commands -------------------------------------

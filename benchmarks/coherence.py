@@ -573,9 +573,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--apis", type=kit.csv(APIS), default=APIS, help="comma-separated: sync,async")
     add("--timeout", type=float, default=60.0, help="seconds any one wait may take")
     args = parser.parse_args(argv)
-    for name, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "writes", "documents", "groups", "writers"))
     if args.documents < args.writers or args.groups > args.documents:
         parser.error("--documents must be at least --writers and --groups")
@@ -587,11 +585,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     status = Status()
-    started = time.perf_counter()
-    report = kit.with_server(lambda uri: run(args, uri, status), status)
+    report = kit.with_server(lambda uri: run(args, uri, status), status, timed=True)
     if report is None:
         return 1
-    report["elapsed_seconds"] = time.perf_counter() - started
     return kit.conclude(report, checks(report), print_report, args.json)
 
 

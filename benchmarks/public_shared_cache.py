@@ -707,9 +707,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--no-png", action="store_true", help="write no figure")
     add("--timeout", type=float, default=900.0, help="seconds any one wait may take before the run fails (default 900)")
     args = parser.parse_args(argv)
-    for name, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "repetitions", "reads", "hot"))
     if args.hot >= COLD_ID_BASE:
         parser.error(f"--hot must be below {COLD_ID_BASE}")

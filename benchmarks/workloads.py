@@ -941,10 +941,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--skip-matrix", action="store_true", help="run only the invalidation measurement")
     add("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
     args = parser.parse_args(argv)
-    defaults = QUICK if args.quick else FULL
-    for name in ("keys", "ops", "writes"):
-        if getattr(args, name) is None:
-            setattr(args, name, defaults[name])
+    kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "keys", "ops", "writes", "inv_keys"))
     return args
 
@@ -952,11 +949,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     status = Status()
-    started = time.perf_counter()
-    report = kit.with_server(lambda uri: run(args, uri, status), status)
+    report = kit.with_server(lambda uri: run(args, uri, status), status, timed=True)
     if report is None:
         return 1
-    report["elapsed_seconds"] = time.perf_counter() - started
     return kit.conclude(report, checks(report), print_tables, args.json, elapsed=True)
 
 
