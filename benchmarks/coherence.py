@@ -165,9 +165,7 @@ class _Reads:
             "seen_at": self.seen_at,
             "wrong": self.wrong,
             "examples": self.examples,
-            "hits": after.hits - before.hits,
-            "misses": after.misses - before.misses,
-            "bypasses": after.bypass_total - before.bypass_total,
+            **kit.counted(before, after),
             "unfinished": self.unfinished,
         }
 
@@ -474,7 +472,7 @@ def _path_result(
         "documents_checked": sum(len(r["docs"]) for r in results),
         "hits": hits,
         "misses": sum(r["misses"] for r in results),
-        "bypasses": sum(r["bypasses"] for r in results),
+        "bypasses": sum(r["bypasses"] + r["behind"] for r in results),
         "worker_writes": sum(len(r["writes"]) for r in results),
         "hit_fraction": hit_fraction(hits, reads),
         "stale_reads": sum(c["stale"] for c in checked),

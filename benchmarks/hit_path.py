@@ -112,10 +112,10 @@ async def _measure_async(
                 t1 = clock()
                 t_direct.append(t1 - t0)
                 mismatches += c != want
-            after = manager.snapshot()
+            counts = kit.counted(before, manager.snapshot())
     finally:
         await client.close()
-    _verify("async ", mismatches, after.hits - before.hits, after.misses - before.misses, len(order))
+    _verify("async ", mismatches, counts["hits"], counts["misses"], len(order))
     return {"async_decode": t_decode, "async_hit": t_hit, "async_direct": t_direct}
 
 
@@ -211,12 +211,12 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             setup_seconds = time.perf_counter() - setup_started
             order = [rng.randrange(docs) for _ in range(samples)]
             times, mismatches = _interleave(coll, {"hit": cached}, order, expected, raw_by_id)
-            after = manager.snapshot()
+            counts = kit.counted(before, manager.snapshot())
         verification = {
             "checked_reads": 6 * samples,
             "mismatches": mismatches,
-            "timed_hits": after.hits - before.hits,
-            "timed_misses": after.misses - before.misses,
+            "timed_hits": counts["hits"],
+            "timed_misses": counts["misses"],
         }
         _verify("", mismatches, verification["timed_hits"], verification["timed_misses"], samples)
         kit.progress("measuring the async columns...")
