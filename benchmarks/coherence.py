@@ -25,7 +25,9 @@ import pymongo
 
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
-from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge
+from ._oracle import (
+    AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge, timestamp_int,
+)
 
 SCHEMA = "cqc.coherence/2"
 PATHS = ("shared", "local")
@@ -325,11 +327,10 @@ def _writer(coll: Any, docs: Sequence[int], count: int, interval: float, seed: s
             sent = time.monotonic_ns()
             coll.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
             ack = time.monotonic_ns()
-            ot = session.operation_time
-            if ot is None:
+            if session.operation_time is None:
                 raise BenchmarkFailed("the server returned no operationTime for a write")
             versions[k] = v
-            out.append(Write(k, v, (ot.time << 32) | ot.inc, sent, ack))
+            out.append(Write(k, v, timestamp_int(session.operation_time), sent, ack))
             if interval:
                 time.sleep(interval)
     return out

@@ -213,9 +213,7 @@ def _writer_phase(
     writer = kit.spawn(_writer, uri, db_name, documents, interval, stop, count, log)
     checker = _UnderWrites(b.manager, db_name)
     try:
-        deadline = time.monotonic() + 60
-        while count.value == 0 and writer.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the phase starts once writes are flowing
+        kit.wait_until(lambda: count.value or not writer.is_alive(), 60)  # the phase starts once writes flow
         started, first = time.perf_counter(), count.value
         phases["writer"], problems = _phase(b, "writer", checker)
         elapsed, updates = time.perf_counter() - started, count.value - first

@@ -330,12 +330,9 @@ class _Phase:
             self.pool.meet(f"{self.label}: warm-up (first pass)")
             if self.owner is not None:
                 self._say("waiting for the owner to admit the hot set")
-                deadline = time.monotonic() + run.timeout
-                while self.owner.snapshot()["entries"] < run.hot:
-                    if time.monotonic() > deadline:
-                        self.pool.abort()
-                        raise BenchmarkFailed(f"{self.label}: the owner did not admit the hot set")
-                    time.sleep(0.05)
+                if not kit.wait_until(lambda: self.owner.snapshot()["entries"] >= run.hot, run.timeout, 0.05):
+                    self.pool.abort()
+                    raise BenchmarkFailed(f"{self.label}: the owner did not admit the hot set")
             self.pool.meet(f"{self.label}: warm-up (owner admitted)")
             out = {window: self._window(window) for window in WINDOWS}
             self._say("closing")
