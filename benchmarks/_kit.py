@@ -531,6 +531,22 @@ def stop_owner(owner: Any, timeout: float | None = None) -> None:
             paths_for(owner.name)["lock"].unlink()
 
 
+@contextlib.contextmanager
+def owned(name: str, uri: str, **options: Any) -> Iterator[Any]:
+    """An owner (``start_owner``) while the block runs, stopped (``stop_owner``) when it ends."""
+    owner = start_owner(name, uri, **options)
+    try:
+        yield owner
+    finally:
+        stop_owner(owner)
+
+
+def quietly(call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)``, any exception ignored: a cleanup that must not hide the error that got there."""
+    with contextlib.suppress(Exception):
+        call(*args)
+
+
 def process_alive(pid: int) -> bool:
     import psutil
 
@@ -625,6 +641,12 @@ class Pool:
         self._stash: list[tuple[str, int, Any]] = []
         self._watch_stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def start(self, specs: Sequence[dict[str, Any]], work: Callable[[dict[str, Any], Shared], Any]) -> None:
         """Spawn one process per spec running ``work(spec, shared)`` (a

@@ -75,6 +75,14 @@ def document(k: int, version: int, groups: int, pad_bytes: int) -> dict[str, Any
     }
 
 
+def insert_documents(coll: Any, count: int, groups: int, pad_bytes: int) -> None:
+    """``count`` documents at version 0, 500 at a time, and the indexes of the reads by key and group."""
+    for start in range(0, count, 500):
+        coll.insert_many([document(k, 0, groups, pad_bytes) for k in range(start, min(count, start + 500))])
+    coll.create_index("key", unique=True)
+    coll.create_index("group")
+
+
 def check_document(doc: Any, groups: int, pad_bytes: int) -> tuple[int, int] | str:
     """(document, version) of a returned document, or why it is wrong."""
     if not isinstance(doc, dict):
@@ -402,26 +410,24 @@ def run_path(uri: str, args: argparse.Namespace, *, db: str, path: str, api: str
     options ``args``; every process is ended and the collection dropped
     before this returns or raises."""
     label, coll_name = f"{path}/{api}", f"docs_{path}_{api}"
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
-    owner: Any = None
-    pool: kit.Pool | None = None
-    try:
+    with contextlib.ExitStack() as stack:
+        client: pymongo.MongoClient[Any] = stack.enter_context(pymongo.MongoClient(uri))
         coll = client[db][coll_name]
+        stack.callback(kit.quietly, coll.drop)
         total = args.documents + args.workers * OWN_DOCS
-        coll.insert_many([document(k, 0, args.groups, PAD_BYTES) for k in range(total)])
-        coll.create_index("key", unique=True)
-        coll.create_index("group")
+        insert_documents(coll, total, args.groups, PAD_BYTES)
+        shared_name = None
         if path == "shared":
             status(f"{label}: starting the owner")
             geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0}
-            owner = kit.start_owner(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)
-        pool = kit.Pool(args.workers, timeout=args.timeout)
+            shared_name = stack.enter_context(kit.owned(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)).name
+        pool = stack.enter_context(kit.Pool(args.workers, timeout=args.timeout))
         pool.shared.final[0] = (1 << 63) - 1  # set to the last write's time when done
         status(f"{label}: starting {args.workers} workers")
         interval = args.write_interval_ms / 1000
         spec = {
             "uri": uri, "db": db, "coll": coll_name, "api": api, "documents": args.documents, "total": total,
-            "groups": args.groups, "shared_name": owner.name if owner is not None else None,
+            "groups": args.groups, "shared_name": shared_name,
             "read_pause": args.read_pause_ms / 1000, "timeout": args.timeout,
             "run_limit": args.timeout + args.writes * (interval + 0.5),
         }  # fmt: skip
@@ -442,14 +448,6 @@ def run_path(uri: str, args: argparse.Namespace, *, db: str, path: str, api: str
         pool.shared.final[0] = max(w.optime for w in log)
         pool.shared.stop.value = 1
         results = pool.collect(timeout=args.timeout + 30)
-    finally:
-        if pool is not None:
-            pool.close()
-        if owner is not None:
-            kit.stop_owner(owner)
-        with contextlib.suppress(Exception):
-            client[db].drop_collection(coll_name)
-        client.close()
     return _path_result(path, api, args, log, write_seconds, results)
 
 

@@ -159,8 +159,7 @@ class Context:
         if self.owner is not None:
             with contextlib.suppress(Exception):
                 self.continue_owner()
-            with contextlib.suppress(Exception):
-                self.owner.stop(timeout=10)
+            kit.stop_owner(self.owner, timeout=10)
 
 
 SCENARIOS = {

@@ -162,12 +162,9 @@ def _measure_shared(
     """decode, process-local hit, shared hit, direct read, interleaved; the
     shared cache's owner uses the public benchmark's geometry (32 MiB budget,
     40 MiB arena, 16,384 slots)."""
-    name = kit.new_name("hitpath")
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
-    coll = client[db_name]["docs"]
-    owner = kit.start_owner(name, uri, **kit.OWNER_GEOMETRY)
-    try:
-        with CacheManager(client) as local, CacheManager(client, shared=name) as shared:
+    with kit.owned(kit.new_name("hitpath"), uri, **kit.OWNER_GEOMETRY) as owner, pymongo.MongoClient(uri) as client:
+        coll = client[db_name]["docs"]
+        with CacheManager(client) as local, CacheManager(client, shared=owner.name) as shared:
             local_docs, shared_docs = local[db_name]["docs"], shared[db_name]["docs"]
             # The owner admits a worker's misses asynchronously, and reads go
             # to MongoDB until the stream has applied what the misses saw.
@@ -177,9 +174,6 @@ def _measure_shared(
             views = {"local_hit": local_docs, "hit": shared_docs}
             times, mismatches = _interleave(coll, views, order, expected, raw_by_id, "shared_")
             _verify("shared ", mismatches, shared.snapshot().hits - before, 0, len(order))
-    finally:
-        kit.stop_owner(owner)
-        client.close()
     return times
 
 

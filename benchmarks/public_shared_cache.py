@@ -319,12 +319,12 @@ class _Phase:
     def measure(self) -> dict[str, dict[str, Any]]:
         """The hot and the cold window; every process is ended before this returns or raises."""
         run = self.run
-        try:
+        with contextlib.ExitStack() as stack:
             if self.path == "shared":
                 self._say("starting the owner")
                 name = f"cqc-pubbench-{os.getpid()}-{self.rep}-{self.mode}"
-                self.owner = kit.start_owner(name, run.uri, **kit.OWNER_GEOMETRY)
-            self.pool = kit.Pool(run.workers, owner=self.owner, timeout=run.timeout)
+                self.owner = stack.enter_context(kit.owned(name, run.uri, **kit.OWNER_GEOMETRY))
+            self.pool = stack.enter_context(kit.Pool(run.workers, owner=self.owner, timeout=run.timeout))
             self.pool.start([self._spec(w) for w in range(run.workers)], _worker)
             self._say("starting workers, first pass over the hot set")
             self.pool.meet(f"{self.label}: warm-up (first pass)")
@@ -341,11 +341,6 @@ class _Phase:
                 if p.exitcode != 0:
                     raise BenchmarkFailed(f"{self.label}: worker exited with {p.exitcode}")
             return out
-        finally:
-            if self.pool is not None:
-                self.pool.close()
-            if self.owner is not None:
-                kit.stop_owner(self.owner)
 
     def _sample(self) -> dict[str, dict[str, float]]:
         """CPU so far and memory of every worker and the owner, by process."""

@@ -32,7 +32,7 @@ from pymongo.errors import PyMongoError
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, MiB, Shared, Status
 from ._oracle import Oracle, Write, applied_time, timestamp_int
-from .coherence import check_document, document
+from .coherence import check_document, document, insert_documents
 from .workloads import ZIPF_S
 
 SCHEMA = "cqc.soak/1"
@@ -479,13 +479,8 @@ class Sampler:
 @contextlib.contextmanager
 def _collection(client: pymongo.MongoClient[Any], db: str, args: argparse.Namespace) -> Iterator[None]:
     """The soak's documents, in a database of their own dropped afterwards."""
-    coll = client[db][COLL]
     try:
-        for start in range(0, args.documents, 500):
-            keys = range(start, min(args.documents, start + 500))
-            coll.insert_many([document(k, 0, args.groups, args.pad_bytes) for k in keys])
-        coll.create_index("key", unique=True)
-        coll.create_index("group")
+        insert_documents(client[db][COLL], args.documents, args.groups, args.pad_bytes)
         yield
     finally:
         with contextlib.suppress(Exception):
@@ -506,13 +501,11 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
         stack.enter_context(_collection(client, db, args))
         budget = int(args.budget_mib * MiB)
         status(f"starting the owner ({budget / MiB:.1f} MiB budget, {args.slots} slots)")
-        owner = kit.start_owner(
+        owner = stack.enter_context(kit.owned(
             kit.new_name("cqc-soak"), uri, budget_bytes=budget, slots=args.slots,
             max_entry_bytes=min(MiB, budget // 4), max_await_time_ms=1000, idle_exit_seconds=60.0,
-        )  # fmt: skip
-        stack.callback(kit.stop_owner, owner)
-        pool = kit.Pool(args.workers, stats=args.workers * len(STATS), timeout=args.timeout)
-        stack.callback(pool.close)
+        ))  # fmt: skip
+        pool = stack.enter_context(kit.Pool(args.workers, stats=args.workers * len(STATS), timeout=args.timeout))
         status(f"starting {args.workers} workers")
         spec = {**vars(args), "uri": uri, "db": db, "shared_name": owner.name, "dir": workdir}
         pool.start([{**spec, "index": n} for n in range(args.workers)], _worker)

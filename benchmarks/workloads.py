@@ -158,9 +158,10 @@ def zipf_keys(n: int, count: int, rng: random.Random, s: float = ZIPF_S) -> list
     return [by_rank[r] for r in rng.choices(range(n), cum_weights=cum, k=count)]
 
 
-def _start_owner(prefix: str, uri: str) -> Any:
+def _owner(prefix: str, uri: str) -> contextlib.AbstractContextManager[Any]:
+    """An owner of the benchmark's geometry while the block runs."""
     geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": MAX_AWAIT_TIME_MS}
-    return kit.start_owner(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
+    return kit.owned(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
 
 
 def _manager(client: Any, shared_name: str | None) -> Any:
@@ -191,19 +192,17 @@ class MatrixPaths:
         self.timeout = timeout
         self.dbs = {p: f"{db_prefix}_{p}" for p in PATHS}
         self.clients: dict[str, pymongo.MongoClient[Any]] = {}
-        self.owner: Any = None
         self.managers: dict[str, Any] = {}
         #: Each path's writes' operationTime, from its client's commands.
         self.times = {p: WriteTimes() for p in PATHS}
-        try:
+        with contextlib.ExitStack() as stack:
             for p in PATHS:
-                self.clients[p] = pymongo.MongoClient(uri, event_listeners=[self.times[p]])
-            self.owner = _start_owner("cqc-wl-matrix", uri)
-            self.managers["local"] = _manager(self.clients["local"], None)
-            self.managers["shared"] = _manager(self.clients["shared"], self.owner.name)
-        except BaseException:
-            self.close()
-            raise
+                self.clients[p] = stack.enter_context(pymongo.MongoClient(uri, event_listeners=[self.times[p]]))
+                stack.callback(kit.quietly, self.clients[p].drop_database, self.dbs[p])
+            self.owner = stack.enter_context(_owner("cqc-wl-matrix", uri))
+            self.managers["local"] = stack.enter_context(_manager(self.clients["local"], None))
+            self.managers["shared"] = stack.enter_context(_manager(self.clients["shared"], self.owner.name))
+            self._cleanup = stack.pop_all()
 
     def raw(self, path: str, coll: str) -> Any:
         return self.clients[path][self.dbs[path]][coll]
@@ -218,18 +217,8 @@ class MatrixPaths:
         return {**{p: self.managers[p].snapshot() for p in CACHED}, "owner": self.owner.snapshot()}
 
     def close(self) -> None:
-        for m in self.managers.values():
-            with contextlib.suppress(Exception):
-                m.close()
-        self.managers = {}
-        if self.owner is not None:
-            kit.stop_owner(self.owner)
-            self.owner = None
-        for p, c in self.clients.items():
-            with contextlib.suppress(Exception):
-                c.drop_database(self.dbs[p])
-            c.close()
-        self.clients = {}
+        """Close the managers, stop the owner, drop each path's database and close its client."""
+        self._cleanup.close()
 
 
 class _Cell:
@@ -668,19 +657,18 @@ def run_invalidation(
     coll_name = f"invalidation_{path}"
     raws = _documents(keys, INV_DOC_BYTES, f"{seed}/inv/{path}")
     times = WriteTimes()
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
-    owner: Any = None
-    pool: kit.Pool | None = None
-    try:
+    with contextlib.ExitStack() as stack:
+        client: pymongo.MongoClient[Any] = stack.enter_context(pymongo.MongoClient(uri, event_listeners=[times]))
         coll = client[db][coll_name]
+        stack.callback(kit.quietly, coll.drop)
         kit.insert_raw(coll, raws)
+        spec = {"uri": uri, "db": db, "coll": coll_name, "keys": keys, "raws": raws, "timeout": timeout}
+        spec["shared_name"] = None
         if path == "shared":
             status(f"invalidation/{path}: starting the owner")
-            owner = _start_owner("cqc-wl-inv", uri)
-        pool = kit.Pool(workers, keys=keys, timeout=timeout)
+            spec["shared_name"] = stack.enter_context(_owner("cqc-wl-inv", uri)).name
+        pool = stack.enter_context(kit.Pool(workers, keys=keys, timeout=timeout))
         status(f"invalidation/{path}: starting {workers} workers")
-        spec = {"uri": uri, "db": db, "coll": coll_name, "keys": keys, "raws": raws, "timeout": timeout}
-        spec["shared_name"] = owner.name if owner is not None else None
         pool.start([{**spec, "index": w, "seed": f"{seed}/inv/{path}/{w}"} for w in range(workers)], _inv_worker)
         pool.meet("start (workers warm)")
         coll.update_one({"_id": -1}, {"$set": {"version": 0}})  # opens the write path; no event
@@ -693,14 +681,6 @@ def run_invalidation(
         status(f"invalidation/{path}: waiting for every worker to observe the final versions")
         results = pool.collect(timeout=timeout + 30)
         wall = time.perf_counter() - started
-    finally:
-        if pool is not None:
-            pool.close()
-        if owner is not None:
-            kit.stop_owner(owner)
-        with contextlib.suppress(Exception):
-            client[db][coll_name].drop()
-        client.close()
 
     mismatches = [m for r in results for m in r["mismatches"]]
     if mismatches:
