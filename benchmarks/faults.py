@@ -205,18 +205,30 @@ def _admitting_worker(name: str, uri: str, db: str, coll: str) -> None:
 # -- The writer and the reader ---------------------------------------------------
 
 
-class Writer(threading.Thread):
+class _Loop(threading.Thread):
+    """A daemon thread that runs until ``close()``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stop = threading.Event()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.is_alive():
+            self.join(10)
+
+
+class Writer(_Loop):
     """Updates a random document every WRITE_INTERVAL_S; a write whose reply
     was lost is kept as "maybe" (its version may appear, never required)."""
 
     def __init__(self, uri: str, ctx: Context, seed: int) -> None:
-        super().__init__(name="fault-writer", daemon=True)
+        super().__init__("fault-writer")
         self.client: pymongo.MongoClient[Any] = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=500, retryWrites=False
         )
         self.coll, self.docs = self.client[ctx.db][ctx.coll], ctx.scenario.docs
         self.rng = random.Random(seed)
-        self.stop = threading.Event()
         self.acked: list[Write] = []
         self.maybe: list[Write] = []
 
@@ -236,9 +248,7 @@ class Writer(threading.Thread):
             self.stop.wait(WRITE_INTERVAL_S)
 
     def close(self) -> None:
-        self.stop.set()
-        if self.is_alive():
-            self.join(10)
+        super().close()
         self.client.close()
 
 
@@ -252,15 +262,14 @@ class Read:
     hit: bool
 
 
-class Reader(threading.Thread):
+class Reader(_Loop):
     """Reads random documents by ``_id`` through the cache until stopped and
     records each one (a ``Read``)."""
 
     def __init__(self, manager: Any, ctx: Context, seed: int) -> None:
-        super().__init__(name="fault-reader", daemon=True)
+        super().__init__("fault-reader")
         self.manager, self.coll, self.db, self.docs = manager, ctx.cached, ctx.db, ctx.scenario.docs
         self.rng = random.Random(seed + 1)
-        self.stop = threading.Event()
         self.rows: list[Read] = []
         self.reads = self.hits = self.pymongo_errors = 0
         self.other_errors: list[str] = []
@@ -296,11 +305,6 @@ class Reader(threading.Thread):
             self.other_errors.append(f"read of {k} returned {doc!r:.100}")
         else:
             self.rows.append(Read(k, doc["version"], applied, start, end, hit))
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.is_alive():
-            self.join(10)
 
     def _hit_read(self, k: int) -> bool:
         h0 = self._hits()
