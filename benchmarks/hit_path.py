@@ -66,6 +66,11 @@ def _verify(what: str, mismatches: int, hits: int, misses: int, samples: int) ->
         )
 
 
+def _by_id(view: Any, expected: list[Any]) -> list[Any]:
+    """A ``find_one`` by ``_id`` of each expected document: the reads that warm ``view``'s cache."""
+    return [functools.partial(view.find_one, {"_id": d["_id"]}) for d in expected]
+
+
 async def _measure_async(
     uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int]
 ) -> dict[str, list[int]]:
@@ -80,8 +85,7 @@ async def _measure_async(
         codec = coll.codec_options
         async with AsyncCacheManager(client) as manager:
             cached = manager[db_name]["docs"]
-            reads = [functools.partial(cached.find_one, {"_id": d["_id"]}) for d in expected]
-            await kit.warmed_ready(manager, reads, 30)
+            await kit.warmed_ready(manager, _by_id(cached, expected), 30)
             for d in expected[:200]:
                 decode_bson(raw_by_id[d["_id"]], codec)
                 await cached.find_one({"_id": d["_id"]})
@@ -169,7 +173,7 @@ def _measure_shared(
             # The owner admits a worker's misses asynchronously, and reads go
             # to MongoDB until the stream has applied what the misses saw.
             for manager, view in ((local, local_docs), (shared, shared_docs)):
-                kit.warm_ready(manager, [functools.partial(view.find_one, {"_id": d["_id"]}) for d in expected], 30)
+                kit.warm_ready(manager, _by_id(view, expected), 30)
             before = shared.snapshot().hits
             views = {"local_hit": local_docs, "hit": shared_docs}
             times, mismatches = _interleave(coll, views, order, expected, raw_by_id, "shared_")
@@ -196,7 +200,7 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             cached = manager[db_name]["docs"]
             # Warm-up: admit every document (until all are served), then
             # exercise all three paths.
-            kit.warm_ready(manager, [functools.partial(cached.find_one, {"_id": d["_id"]}) for d in expected], 30)
+            kit.warm_ready(manager, _by_id(cached, expected), 30)
             for d in expected[:200]:
                 decode_bson(raw_by_id[d["_id"]], codec)
                 cached.find_one({"_id": d["_id"]})
