@@ -532,7 +532,7 @@ def checks(report: dict[str, Any]) -> list[str]:
 #: The printed table: (title, format spec) of each column.
 COLUMNS = (
     ("path", "<14"), ("reads", ">7"), ("docs", ">7"), ("hits", ">5.0%"), ("writes", ">6"), ("own", ">5"),
-    ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"), ("window p50/p95/p99/max ms", ">27"), ("read gap", ">8"),
+    ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"), ("window p50/p95/p99/max ms", ">27"), ("read gap", ">8.2f"),
 )  # fmt: skip
 
 
@@ -541,11 +541,10 @@ def print_report(report: dict[str, Any]) -> None:
     for p in report["paths"]:
         w = p["window_ms"] or {}
         window = "/".join(f"{w.get(q, float('nan')):.1f}" for q in ("p50", "p95", "p99", "max"))
-        gap = p["read_interval_ms_p50"]
         rows.append((
             f"{p['path']}/{p['api']}", p["reads"], p["documents_checked"], p["hit_fraction"], p["writes"],
             p["worker_writes"], p["stale_reads"], p["monotonic_violations"], p["read_your_writes_violations"],
-            window, str(gap if gap is None else round(gap, 2)),
+            window, kit.cell(p["read_interval_ms_p50"]),
         ))  # fmt: skip
     kit.table(COLUMNS, rows)
     print(

@@ -745,8 +745,8 @@ METHOD = {
 }
 MATRIX_COLUMNS = (
     ("mix", "<15"), ("size", "<7"), ("path", "<7"), ("reads", ">6"), ("writes", ">6"), ("rd p50", ">8.1f"),
-    ("rd p95", ">8.1f"), ("rd p99", ">8.1f"), ("wr p50", ">8.1f"), ("hits", ">6"), ("stale", ">5"), ("mono", ">5"),
-    ("ryw", ">5"), ("p50/direct", ">10"),
+    ("rd p95", ">8.1f"), ("rd p99", ">8.1f"), ("wr p50", ">8.1f"), ("hits", ">6.0%"), ("stale", ">5"), ("mono", ">5"),
+    ("ryw", ">5"), ("p50/direct", ">10.3f"),
 )  # fmt: skip
 INVALIDATION_COLUMNS = (
     ("path", "<7"), ("writes", ">6"), ("rd/wr", ">6.1f"), ("p50", ">8.0f"), ("p95", ">8.0f"), ("p99", ">8.0f"),
@@ -856,8 +856,7 @@ def print_tables(report: dict[str, Any]) -> None:
 
 def _matrix_row(cell: dict[str, Any], p: str) -> tuple[Any, ...]:
     e = cell["paths"][p]
-    hits = f"{e['hit_ratio']:.0%}" if "hit_ratio" in e else "-"
-    ratio = f"{e['read_p50_over_direct']:.3f}" if "read_p50_over_direct" in e else "-"
+    hits, ratio = kit.cell(e.get("hit_ratio")), kit.cell(e.get("read_p50_over_direct"))
     read = [e["read"][f"p{q}_us"] for q in (50, 95, 99)]
     violations = [e[key] for key in VIOLATIONS]
     return (cell["mix"], cell["size"], p, e["reads"], e["writes"], *read, e["write"]["p50_us"], hits, *violations,
