@@ -333,12 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     documents = args.documents or (1000 if args.quick else 2000)
     samples = args.samples or (40 if args.quick else 400)
     groups = max(HOT_GROUPS, documents // 20)
-    started = time.perf_counter()
-    progress("starting the server (or using MONGODB_URI)...")
-    with kit.server() as uri:
-        report = run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000)
+    report = kit.with_server(
+        lambda uri: run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000), timed=True
+    )
+    if report is None:
+        return 1
     report["mode"] = "quick" if args.quick else "full"
-    report["elapsed_seconds"] = time.perf_counter() - started
     problems = report["checks"]["problems"]
     return kit.conclude(report, problems, _print, args.json, elapsed=True, targets=TARGETS, quick=args.quick)
 

@@ -16,7 +16,7 @@ from typing import Any
 import bson
 import pymongo
 
-from client_query_cache import AsyncCacheManager, CacheManager
+from client_query_cache import CacheManager
 from client_query_cache._core.engine import decode_bson
 
 from . import _kit as kit
@@ -76,49 +76,44 @@ async def _measure_async(
 ) -> dict[str, list[int]]:
     """The async columns: decode, ``await`` cached hit, ``await`` direct read,
     interleaved per sample like the sync ones (in a fixed order)."""
-    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(uri)
     t_decode: list[int] = []
     t_hit: list[int] = []
     t_direct: list[int] = []
-    try:
-        coll = client[db_name]["docs"]
+    async with kit.worker_client(uri, True, None) as (client, manager):
+        coll, cached = client[db_name]["docs"], manager[db_name]["docs"]
         codec = coll.codec_options
-        async with AsyncCacheManager(client) as manager:
-            cached = manager[db_name]["docs"]
-            await kit.warmed_ready(manager, _by_id(cached, expected), 30)
-            for d in expected[:200]:
-                decode_bson(raw_by_id[d["_id"]], codec)
-                await cached.find_one({"_id": d["_id"]})
-                await coll.find_one({"_id": d["_id"]})
-            before = manager.snapshot()
-            clock = time.perf_counter_ns
-            mismatches = 0
-            gc.collect()
-            for i in order:
-                want = expected[i]
-                raw = raw_by_id[i]
-                filt = {"_id": i}
+        await kit.warmed_ready(manager, _by_id(cached, expected), 30)
+        for d in expected[:200]:
+            decode_bson(raw_by_id[d["_id"]], codec)
+            await cached.find_one({"_id": d["_id"]})
+            await coll.find_one({"_id": d["_id"]})
+        before = manager.snapshot()
+        clock = time.perf_counter_ns
+        mismatches = 0
+        gc.collect()
+        for i in order:
+            want = expected[i]
+            raw = raw_by_id[i]
+            filt = {"_id": i}
 
-                t0 = clock()
-                a = decode_bson(raw, codec)
-                t1 = clock()
-                t_decode.append(t1 - t0)
-                mismatches += a != want
+            t0 = clock()
+            a = decode_bson(raw, codec)
+            t1 = clock()
+            t_decode.append(t1 - t0)
+            mismatches += a != want
 
-                t0 = clock()
-                b = await cached.find_one(filt)
-                t1 = clock()
-                t_hit.append(t1 - t0)
-                mismatches += b != want
+            t0 = clock()
+            b = await cached.find_one(filt)
+            t1 = clock()
+            t_hit.append(t1 - t0)
+            mismatches += b != want
 
-                t0 = clock()
-                c = await coll.find_one(filt)
-                t1 = clock()
-                t_direct.append(t1 - t0)
-                mismatches += c != want
-            counts = kit.counted(before, manager.snapshot())
-    finally:
-        await client.close()
+            t0 = clock()
+            c = await coll.find_one(filt)
+            t1 = clock()
+            t_direct.append(t1 - t0)
+            mismatches += c != want
+        counts = kit.counted(before, manager.snapshot())
     _verify("async ", mismatches, counts["hits"], counts["misses"], len(order))
     return {"async_decode": t_decode, "async_hit": t_hit, "async_direct": t_direct}
 
@@ -182,6 +177,7 @@ def _measure_shared(
 
 
 def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str, Any]:
+    kit.progress(f"measuring {samples} samples...")
     rng = random.Random(seed)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     db_name = f"cqc_bench_hit_{int(time.time())}_{rng.randint(0, 10**6)}"
@@ -271,10 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", action="store_true", help="also measure a shared-cache hit (starts an owner)")
     args = parser.parse_args(argv)
     samples = args.samples or (2000 if args.quick else 20000)
-    kit.progress("starting the server (or using MONGODB_URI)...")
-    with kit.server() as uri:
-        kit.progress(f"measuring {samples} samples...")
-        report = _run(uri, args.documents, samples, args.seed, args.shared)
+    report = kit.with_server(lambda uri: _run(uri, args.documents, samples, args.seed, args.shared))
+    if report is None:
+        return 1
     report["mode"] = "quick" if args.quick else "full"
     return kit.conclude(report, None, _print, args.json, targets=TARGETS, quick=args.quick)
 
