@@ -477,6 +477,24 @@ def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progr
     return report
 
 
+def checked_main(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, str, Status], dict[str, Any]],
+    checks: Callable[[dict[str, Any]], Sequence[str]],
+    print_report: Callable[[dict[str, Any]], None],
+    *,
+    timed: bool = False,
+    **options: Any,
+) -> int:
+    """A checked harness from its parsed ``args`` to its exit code: ``run(args, uri, status)``
+    under ``with_server``, then ``conclude`` with its ``checks`` (and ``options``)."""
+    status = Status()
+    report = with_server(lambda uri: run(args, uri, status), status, timed=timed)
+    if report is None:
+        return 1
+    return conclude(report, checks(report), print_report, args.json, **options)
+
+
 # -- processes: the server, owners, commands -------------------------------------
 
 

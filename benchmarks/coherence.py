@@ -579,12 +579,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    status = Status()
-    report = kit.with_server(lambda uri: run(args, uri, status), status, timed=True)
-    if report is None:
-        return 1
-    return kit.conclude(report, checks(report), print_report, args.json)
+    return kit.checked_main(_parse(argv), run, checks, print_report, timed=True)
 
 
 if __name__ == "__main__":
