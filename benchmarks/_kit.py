@@ -1,7 +1,7 @@
 """The benchmarks' kit: documents, quantiles, reports, options, and every process a harness starts.
 
 Only this module starts processes: the disposable server (``server``), shared-cache owners
-(``start_owner``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
+(``start_owner``, ``owned``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
 Reference: docs/benchmarks.md, "Harness reference".
 """
 

@@ -501,10 +501,11 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
         stack.enter_context(_collection(client, db, args))
         budget = int(args.budget_mib * MiB)
         status(f"starting the owner ({budget / MiB:.1f} MiB budget, {args.slots} slots)")
-        owner = stack.enter_context(kit.owned(
-            kit.new_name("cqc-soak"), uri, budget_bytes=budget, slots=args.slots,
-            max_entry_bytes=min(MiB, budget // 4), max_await_time_ms=1000, idle_exit_seconds=60.0,
-        ))  # fmt: skip
+        geometry = {
+            "budget_bytes": budget, "slots": args.slots, "max_entry_bytes": min(MiB, budget // 4),
+            "max_await_time_ms": 1000, "idle_exit_seconds": 60.0,
+        }  # fmt: skip
+        owner = stack.enter_context(kit.owned(kit.new_name("cqc-soak"), uri, **geometry))
         pool = stack.enter_context(kit.Pool(args.workers, stats=args.workers * len(STATS), timeout=args.timeout))
         status(f"starting {args.workers} workers")
         spec = {**vars(args), "uri": uri, "db": db, "shared_name": owner.name, "dir": workdir}
