@@ -1,7 +1,7 @@
 """The benchmarks' kit: documents, quantiles, reports, options, and every process a harness starts.
 
 Only this module starts processes: the disposable server (``server``), shared-cache owners
-(``start_owner``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
+(``start_owner``, ``owned``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
 Reference: docs/benchmarks.md, "Harness reference".
 """
 
@@ -160,36 +160,50 @@ def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) 
     return out
 
 
-def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
-    """Call every read until a whole pass is served from the cache; return
-    the passes it took (0 if ``timeout`` seconds passed first). Misses admit
-    on the first pass; a read can go to MongoDB for a while longer, until
-    the stream has applied what the process's misses saw (the causal floor,
-    up to two stream rounds)."""
+async def warmed(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
+    """Call every read (awaiting an async API's) until a whole pass is served
+    from the cache; return the passes it took (0 if ``timeout`` seconds
+    passed first). Misses admit on the first pass; a read can go to MongoDB
+    for a while longer, until the stream has applied what the process's
+    misses saw (the causal floor, up to two stream rounds)."""
     deadline = time.monotonic() + timeout
     passes = 0
     while True:
         passes += 1
         before = manager.snapshot().hits
         for read in reads:
-            read()
+            await resolved(read())
         if manager.snapshot().hits - before == len(reads):
             return passes
         if time.monotonic() > deadline:
             return 0
-        time.sleep(pause)
+        await asyncio.sleep(pause)
 
 
-def warm_ready(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None) -> int:
+def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
+    """``warmed`` for the sync API."""
+    return asyncio.run(warmed(manager, reads, timeout, pause))
+
+
+async def warmed_ready(
+    manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None, *, label: str = ""
+) -> int:
     """Wait until the change streams (of ``database``, or all) serve, then
-    ``warm_until_hits``; the passes it took. Either taking longer than
-    ``timeout`` seconds fails the benchmark."""
-    if not manager.wait_ready(timeout, database):
-        raise BenchmarkFailed(f"the change stream did not become ready within {timeout:g} s")
-    passes = warm_until_hits(manager, reads, timeout)
+    ``warmed``; the passes it took. Either taking longer than ``timeout``
+    seconds fails the benchmark (the message starts with ``label``)."""
+    if not await resolved(manager.wait_ready(timeout, database)):
+        raise BenchmarkFailed(f"{label}the change stream did not become ready within {timeout:g} s")
+    passes = await warmed(manager, reads, timeout)
     if not passes:
-        raise BenchmarkFailed(f"the warm-up reads are not all served from the cache after {timeout:g} s")
+        raise BenchmarkFailed(f"{label}the warm-up reads are not all served from the cache after {timeout:g} s")
     return passes
+
+
+def warm_ready(
+    manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, database: str | None = None, *, label: str = ""
+) -> int:
+    """``warmed_ready`` for the sync API."""
+    return asyncio.run(warmed_ready(manager, reads, timeout, database, label=label))
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, pause: float = 0.01) -> Any:
@@ -235,12 +249,17 @@ async def worker_client(
         await resolved(client.close())
 
 
-async def registered(manager: Any, coll: Any, db: str, timeout: float) -> None:
+async def registered(manager: Any, coll: Any, db: str, timeout: float, *, label: str = "") -> None:
     """Register ``coll`` with a first read (of ``_id`` 0), which starts the database's change
-    stream, and wait until the stream is ready."""
+    stream, and wait until the stream is ready (else fail, the message starting with ``label``)."""
     await resolved(coll.find_one({"_id": 0}))
     if not await resolved(manager.wait_ready(timeout, database=db)):
-        raise BenchmarkFailed("the change stream did not become ready")
+        raise BenchmarkFailed(f"{label}the change stream did not become ready")
+
+
+def register(manager: Any, coll: Any, db: str, timeout: float, *, label: str = "") -> None:
+    """``registered`` for the sync API."""
+    asyncio.run(registered(manager, coll, db, timeout, label=label))
 
 
 # -- progress, options, reports ---------------------------------------------------
@@ -268,6 +287,13 @@ def parser(module: str, doc: str | None, *, json_flag: str = "--json", seed: int
     out.add_argument(json_flag, metavar="PATH", help="write the JSON report here")
     out.add_argument("--seed", type=int, default=seed)
     return out
+
+
+def defaults(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """Give each option named in ``values`` that the command line left out (None) its value there."""
+    for name, value in values.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def at_least_one(parser_: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
@@ -434,16 +460,39 @@ def conclude(
     return exit_code(problems or (), headline)
 
 
-def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progress) -> Any:
+def with_server(run: Callable[[str], Any], status: Callable[[str], None] = progress, *, timed: bool = False) -> Any:
     """``run(uri)`` against the disposable server (or ``MONGODB_URI``); None
-    (the error printed) if the benchmark failed."""
+    (the error printed) if the benchmark failed. ``timed``: the report
+    ``run`` returned gets ``elapsed_seconds``, server start included."""
+    started = time.perf_counter()
     try:
         status("starting the server (or using MONGODB_URI)")
         with server() as uri:
-            return run(uri)
+            report = run(uri)
     except BenchmarkFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+    if timed:
+        report["elapsed_seconds"] = time.perf_counter() - started
+    return report
+
+
+def checked_main(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, str, Status], dict[str, Any]],
+    checks: Callable[[dict[str, Any]], Sequence[str]],
+    print_report: Callable[[dict[str, Any]], None],
+    *,
+    timed: bool = False,
+    **options: Any,
+) -> int:
+    """A checked harness from its parsed ``args`` to its exit code: ``run(args, uri, status)``
+    under ``with_server``, then ``conclude`` with its ``checks`` (and ``options``)."""
+    status = Status()
+    report = with_server(lambda uri: run(args, uri, status), status, timed=timed)
+    if report is None:
+        return 1
+    return conclude(report, checks(report), print_report, args.json, **options)
 
 
 # -- processes: the server, owners, commands -------------------------------------
@@ -498,6 +547,22 @@ def stop_owner(owner: Any, timeout: float | None = None) -> None:
 
         if not process_alive(owner.pid):
             paths_for(owner.name)["lock"].unlink()
+
+
+@contextlib.contextmanager
+def owned(name: str, uri: str, **options: Any) -> Iterator[Any]:
+    """An owner (``start_owner``) while the block runs, stopped (``stop_owner``) when it ends."""
+    owner = start_owner(name, uri, **options)
+    try:
+        yield owner
+    finally:
+        stop_owner(owner)
+
+
+def quietly(call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)``, any exception ignored: a cleanup that must not hide the error that got there."""
+    with contextlib.suppress(Exception):
+        call(*args)
 
 
 def process_alive(pid: int) -> bool:
@@ -594,6 +659,12 @@ class Pool:
         self._stash: list[tuple[str, int, Any]] = []
         self._watch_stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def start(self, specs: Sequence[dict[str, Any]], work: Callable[[dict[str, Any], Shared], Any]) -> None:
         """Spawn one process per spec running ``work(spec, shared)`` (a

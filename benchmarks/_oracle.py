@@ -13,6 +13,8 @@ from typing import Any
 
 from pymongo import monitoring
 
+from ._kit import MAX_EXAMPLES
+
 __all__ = [
     "AT_LEAST",
     "AT_MOST",
@@ -29,7 +31,6 @@ __all__ = [
 ]
 
 EXACT, AT_LEAST, AT_MOST = 0, 1, 2
-MAX_EXAMPLES = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

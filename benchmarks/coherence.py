@@ -25,7 +25,9 @@ import pymongo
 
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
-from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge
+from ._oracle import (
+    AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge, timestamp_int,
+)
 
 SCHEMA = "cqc.coherence/2"
 PATHS = ("shared", "local")
@@ -71,6 +73,14 @@ def document(k: int, version: int, groups: int, pad_bytes: int) -> dict[str, Any
         "stamp": f"{k}:{version}",
         "pad": (f"{k:04d}" * (pad_bytes // 4 + 1))[:pad_bytes],
     }
+
+
+def insert_documents(coll: Any, count: int, groups: int, pad_bytes: int) -> None:
+    """``count`` documents at version 0, 500 at a time, and the indexes of the reads by key and group."""
+    for start in range(0, count, 500):
+        coll.insert_many([document(k, 0, groups, pad_bytes) for k in range(start, min(count, start + 500))])
+    coll.create_index("key", unique=True)
+    coll.create_index("group")
 
 
 def check_document(doc: Any, groups: int, pad_bytes: int) -> tuple[int, int] | str:
@@ -165,9 +175,7 @@ class _Reads:
             "seen_at": self.seen_at,
             "wrong": self.wrong,
             "examples": self.examples,
-            "hits": after.hits - before.hits,
-            "misses": after.misses - before.misses,
-            "bypasses": after.bypass_total - before.bypass_total,
+            **kit.counted(before, after),
             "unfinished": self.unfinished,
         }
 
@@ -294,16 +302,9 @@ async def _work(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
     async with kit.worker_client(spec["uri"], is_async, spec["shared_name"], **options) as (_, manager):
         coll = manager[spec["db"]][spec["coll"]]
         await kit.registered(manager, coll, spec["db"], timeout)
-        warm, deadline = _operations(spec), time.monotonic() + timeout
-        while True:
-            h0 = manager.snapshot().hits
-            for kind, target in warm:
-                await kit.resolved(_read(coll, kind, target, 0))
-            if manager.snapshot().hits - h0 == len(warm):
-                break
-            if time.monotonic() > deadline:
-                raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
-            await asyncio.sleep(0.02)
+        warm = [functools.partial(_read, coll, kind, target, 0) for kind, target in _operations(spec)]
+        if not await kit.warmed(manager, warm, timeout, 0.02):
+            raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
         rec, applied = _Reads(spec), functools.partial(applied_time, manager, spec["db"])
         before = manager.snapshot()
         shared.barrier.wait(timeout)
@@ -334,11 +335,10 @@ def _writer(coll: Any, docs: Sequence[int], count: int, interval: float, seed: s
             sent = time.monotonic_ns()
             coll.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
             ack = time.monotonic_ns()
-            ot = session.operation_time
-            if ot is None:
+            if session.operation_time is None:
                 raise BenchmarkFailed("the server returned no operationTime for a write")
             versions[k] = v
-            out.append(Write(k, v, (ot.time << 32) | ot.inc, sent, ack))
+            out.append(Write(k, v, timestamp_int(session.operation_time), sent, ack))
             if interval:
                 time.sleep(interval)
     return out
@@ -410,26 +410,24 @@ def run_path(uri: str, args: argparse.Namespace, *, db: str, path: str, api: str
     options ``args``; every process is ended and the collection dropped
     before this returns or raises."""
     label, coll_name = f"{path}/{api}", f"docs_{path}_{api}"
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
-    owner: Any = None
-    pool: kit.Pool | None = None
-    try:
+    with contextlib.ExitStack() as stack:
+        client: pymongo.MongoClient[Any] = stack.enter_context(pymongo.MongoClient(uri))
         coll = client[db][coll_name]
+        stack.callback(kit.quietly, coll.drop)
         total = args.documents + args.workers * OWN_DOCS
-        coll.insert_many([document(k, 0, args.groups, PAD_BYTES) for k in range(total)])
-        coll.create_index("key", unique=True)
-        coll.create_index("group")
+        insert_documents(coll, total, args.groups, PAD_BYTES)
+        shared_name = None
         if path == "shared":
             status(f"{label}: starting the owner")
             geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0}
-            owner = kit.start_owner(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)
-        pool = kit.Pool(args.workers, timeout=args.timeout)
+            shared_name = stack.enter_context(kit.owned(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)).name
+        pool = stack.enter_context(kit.Pool(args.workers, timeout=args.timeout))
         pool.shared.final[0] = (1 << 63) - 1  # set to the last write's time when done
         status(f"{label}: starting {args.workers} workers")
         interval = args.write_interval_ms / 1000
         spec = {
             "uri": uri, "db": db, "coll": coll_name, "api": api, "documents": args.documents, "total": total,
-            "groups": args.groups, "shared_name": owner.name if owner is not None else None,
+            "groups": args.groups, "shared_name": shared_name,
             "read_pause": args.read_pause_ms / 1000, "timeout": args.timeout,
             "run_limit": args.timeout + args.writes * (interval + 0.5),
         }  # fmt: skip
@@ -450,14 +448,6 @@ def run_path(uri: str, args: argparse.Namespace, *, db: str, path: str, api: str
         pool.shared.final[0] = max(w.optime for w in log)
         pool.shared.stop.value = 1
         results = pool.collect(timeout=args.timeout + 30)
-    finally:
-        if pool is not None:
-            pool.close()
-        if owner is not None:
-            kit.stop_owner(owner)
-        with contextlib.suppress(Exception):
-            client[db].drop_collection(coll_name)
-        client.close()
     return _path_result(path, api, args, log, write_seconds, results)
 
 
@@ -481,7 +471,7 @@ def _path_result(
         "documents_checked": sum(len(r["docs"]) for r in results),
         "hits": hits,
         "misses": sum(r["misses"] for r in results),
-        "bypasses": sum(r["bypasses"] for r in results),
+        "bypasses": sum(r["bypasses"] + r["behind"] for r in results),
         "worker_writes": sum(len(r["writes"]) for r in results),
         "hit_fraction": hit_fraction(hits, reads),
         "stale_reads": sum(c["stale"] for c in checked),
@@ -542,7 +532,7 @@ def checks(report: dict[str, Any]) -> list[str]:
 #: The printed table: (title, format spec) of each column.
 COLUMNS = (
     ("path", "<14"), ("reads", ">7"), ("docs", ">7"), ("hits", ">5.0%"), ("writes", ">6"), ("own", ">5"),
-    ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"), ("window p50/p95/p99/max ms", ">27"), ("read gap", ">8"),
+    ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"), ("window p50/p95/p99/max ms", ">27"), ("read gap", ">8.2f"),
 )  # fmt: skip
 
 
@@ -551,11 +541,10 @@ def print_report(report: dict[str, Any]) -> None:
     for p in report["paths"]:
         w = p["window_ms"] or {}
         window = "/".join(f"{w.get(q, float('nan')):.1f}" for q in ("p50", "p95", "p99", "max"))
-        gap = p["read_interval_ms_p50"]
         rows.append((
             f"{p['path']}/{p['api']}", p["reads"], p["documents_checked"], p["hit_fraction"], p["writes"],
             p["worker_writes"], p["stale_reads"], p["monotonic_violations"], p["read_your_writes_violations"],
-            window, str(gap if gap is None else round(gap, 2)),
+            window, kit.cell(p["read_interval_ms_p50"]),
         ))  # fmt: skip
     kit.table(COLUMNS, rows)
     print(
@@ -580,9 +569,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--apis", type=kit.csv(APIS), default=APIS, help="comma-separated: sync,async")
     add("--timeout", type=float, default=60.0, help="seconds any one wait may take")
     args = parser.parse_args(argv)
-    for name, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "writes", "documents", "groups", "writers"))
     if args.documents < args.writers or args.groups > args.documents:
         parser.error("--documents must be at least --writers and --groups")
@@ -592,14 +579,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    status = Status()
-    started = time.perf_counter()
-    report = kit.with_server(lambda uri: run(args, uri, status), status)
-    if report is None:
-        return 1
-    report["elapsed_seconds"] = time.perf_counter() - started
-    return kit.conclude(report, checks(report), print_report, args.json)
+    return kit.checked_main(_parse(argv), run, checks, print_report, timed=True)
 
 
 if __name__ == "__main__":

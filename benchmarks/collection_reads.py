@@ -22,8 +22,8 @@ from pymongo.read_concern import ReadConcern
 from client_query_cache import CacheManager
 
 from . import _kit as kit
-from ._kit import make_document, progress, summarize, warm_until_hits
-from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, initial_versions, judge
+from ._kit import make_document, progress, summarize
+from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, initial_versions, judge
 
 SCHEMA = "client-query-cache/collection-reads/2"
 HOT_GROUPS = 16
@@ -213,9 +213,7 @@ def _writer_phase(
     writer = kit.spawn(_writer, uri, db_name, documents, interval, stop, count, log)
     checker = _UnderWrites(b.manager, db_name)
     try:
-        deadline = time.monotonic() + 60
-        while count.value == 0 and writer.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the phase starts once writes are flowing
+        kit.wait_until(lambda: count.value or not writer.is_alive(), 60)  # the phase starts once writes flow
         started, first = time.perf_counter(), count.value
         phases["writer"], problems = _phase(b, "writer", checker)
         elapsed, updates = time.perf_counter() - started, count.value - first
@@ -234,8 +232,8 @@ def _judge_writer_phase(phases: dict[str, Any], verdict: dict[str, Any], samples
     """The oracle's verdict and the hit fraction of the writer phase."""
     reads = samples * len(OPERATIONS)
     hits = sum(phases["writer"][op]["hits"] for op in OPERATIONS)
-    hit_fraction = hits / reads if reads else 0.0
-    verdict.update(reads=reads, hits=hits, hit_fraction=hit_fraction, min_hit_fraction=MIN_WRITER_HIT_FRACTION)
+    fraction = hit_fraction(hits, reads)
+    verdict.update(reads=reads, hits=hits, hit_fraction=fraction, min_hit_fraction=MIN_WRITER_HIT_FRACTION)
     phases["writer_judgement"] = verdict
     problems = [f"writer phase: {verdict[key]} {key.replace('_', ' ')}" for key in VIOLATIONS if verdict[key]]
     problems += [f"writer phase: {e}" for e in verdict["examples"] if problems]
@@ -268,14 +266,11 @@ def run(uri: str, documents: int, groups: int, samples: int, seed: int, write_in
         hot_buckets = rng.sample(range(BUCKETS), HOT_BUCKETS)
         with CacheManager(client) as manager:
             bench = _Bench(manager, manager[db_name]["docs"], direct, samples, rng, hot_groups, hot_buckets)
-            if not manager.wait_ready(30, database=db_name):
-                raise RuntimeError("the change stream did not become ready")
             progress("warming up...")
             hot = [build(g, b, {}) for build in OPERATIONS.values() for g in hot_groups for b in hot_buckets]
             for op in hot:
                 _call(direct, op)
-            if not warm_until_hits(manager, [functools.partial(_call, bench.cached, op) for op in hot], 30):
-                raise RuntimeError("the hot reads are not all served from the cache after 30 s")
+            kit.warm_ready(manager, [functools.partial(_call, bench.cached, op) for op in hot], 30, db_name)
             for phase in ("hot", "cold"):
                 progress(f"{phase} phase: {samples} samples per operation")
                 phases[phase], found = _phase(bench, phase)
@@ -338,12 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     documents = args.documents or (1000 if args.quick else 2000)
     samples = args.samples or (40 if args.quick else 400)
     groups = max(HOT_GROUPS, documents // 20)
-    started = time.perf_counter()
-    progress("starting the server (or using MONGODB_URI)...")
-    with kit.server() as uri:
-        report = run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000)
+    report = kit.with_server(
+        lambda uri: run(uri, documents, groups, samples, args.seed, args.write_interval_ms / 1000), timed=True
+    )
+    if report is None:
+        return 1
     report["mode"] = "quick" if args.quick else "full"
-    report["elapsed_seconds"] = time.perf_counter() - started
     problems = report["checks"]["problems"]
     return kit.conclude(report, problems, _print, args.json, elapsed=True, targets=TARGETS, quick=args.quick)
 

@@ -26,7 +26,7 @@ from bson.int64 import Int64
 from pymongo.errors import PyMongoError
 
 from . import _kit as kit
-from ._kit import MAX_EXAMPLES, Status
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, Status
 from ._oracle import Oracle, Verdict, Write, applied_time, judge, timestamp_int
 from ._proxy import FaultProxy
 
@@ -42,7 +42,7 @@ NEVER = (1 << 63) - 1
 KiB = 1024
 
 
-class FaultRunFailed(RuntimeError):
+class FaultRunFailed(BenchmarkFailed):
     """The harness itself could not run a scenario."""
 
 
@@ -159,8 +159,7 @@ class Context:
         if self.owner is not None:
             with contextlib.suppress(Exception):
                 self.continue_owner()
-            with contextlib.suppress(Exception):
-                self.owner.stop(timeout=10)
+            kit.stop_owner(self.owner, timeout=10)
 
 
 SCENARIOS = {
@@ -206,18 +205,30 @@ def _admitting_worker(name: str, uri: str, db: str, coll: str) -> None:
 # -- The writer and the reader ---------------------------------------------------
 
 
-class Writer(threading.Thread):
+class _Loop(threading.Thread):
+    """A daemon thread that runs until ``close()``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stop = threading.Event()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.is_alive():
+            self.join(10)
+
+
+class Writer(_Loop):
     """Updates a random document every WRITE_INTERVAL_S; a write whose reply
     was lost is kept as "maybe" (its version may appear, never required)."""
 
     def __init__(self, uri: str, ctx: Context, seed: int) -> None:
-        super().__init__(name="fault-writer", daemon=True)
+        super().__init__("fault-writer")
         self.client: pymongo.MongoClient[Any] = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=500, retryWrites=False
         )
         self.coll, self.docs = self.client[ctx.db][ctx.coll], ctx.scenario.docs
         self.rng = random.Random(seed)
-        self.stop = threading.Event()
         self.acked: list[Write] = []
         self.maybe: list[Write] = []
 
@@ -237,9 +248,7 @@ class Writer(threading.Thread):
             self.stop.wait(WRITE_INTERVAL_S)
 
     def close(self) -> None:
-        self.stop.set()
-        if self.is_alive():
-            self.join(10)
+        super().close()
         self.client.close()
 
 
@@ -253,15 +262,14 @@ class Read:
     hit: bool
 
 
-class Reader(threading.Thread):
+class Reader(_Loop):
     """Reads random documents by ``_id`` through the cache until stopped and
     records each one (a ``Read``)."""
 
     def __init__(self, manager: Any, ctx: Context, seed: int) -> None:
-        super().__init__(name="fault-reader", daemon=True)
+        super().__init__("fault-reader")
         self.manager, self.coll, self.db, self.docs = manager, ctx.cached, ctx.db, ctx.scenario.docs
         self.rng = random.Random(seed + 1)
-        self.stop = threading.Event()
         self.rows: list[Read] = []
         self.reads = self.hits = self.pymongo_errors = 0
         self.other_errors: list[str] = []
@@ -297,11 +305,6 @@ class Reader(threading.Thread):
             self.other_errors.append(f"read of {k} returned {doc!r:.100}")
         else:
             self.rows.append(Read(k, doc["version"], applied, start, end, hit))
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.is_alive():
-            self.join(10)
 
     def _hit_read(self, k: int) -> bool:
         h0 = self._hits()
@@ -381,9 +384,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
         stack.callback(writer.close)
         stack.callback(reader.close)
         if not scenario.down_at_start:
-            ctx.cached.find_one({"_id": 0})
-            if not manager.wait_ready(timeout, database=ctx.db):
-                raise FaultRunFailed("the stream did not become ready")
+            kit.register(manager, ctx.cached, ctx.db, timeout)
             reader.warm(timeout, scenario.warm_all)
             if scenario.prepare is not None:
                 scenario.prepare(ctx)
@@ -492,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status(name)
         try:
             results.append(run_scenario(name, seed=args.seed))
-        except FaultRunFailed as exc:
+        except BenchmarkFailed as exc:
             print(f"error: {name}: {exc}", file=sys.stderr)
             return 1
     report = {

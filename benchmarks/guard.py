@@ -326,16 +326,18 @@ def _summary(times: list[int], **facts: Any) -> dict[str, Any]:
     return {"n": len(s), "p50_ns": quantile(s, 50), "p90_ns": quantile(s, 90), "min_ns": s[0], **facts}
 
 
-def _stored(coll: Any, ids: Sequence[int]) -> tuple[dict[int, Any], dict[int, Any]]:
-    """The stored documents, read from the server: as the collection's codec
-    options decode them (what a read must return) and as raw BSON with the
-    same options (what a miss reads)."""
+def _stored(b: BlockContext, case: str) -> tuple[list[int], dict[int, Any], dict[int, Any]]:
+    """The ``_id``s of ``case``'s documents and the stored documents, read
+    from the server: as the collection's codec options decode them (what a
+    read must return) and as raw BSON with the same options (what a miss reads)."""
+    ids = list(range(*b.ranges[case]))
+    coll = b.client[b.db_name][INVAL if case == "invalidation" else DOCS]
     codec = coll.codec_options
     raw_coll = coll.with_options(codec_options=codec.with_options(document_class=RawBSONDocument))
-    raw = {d["_id"]: d for d in raw_coll.find({"_id": {"$in": list(ids)}})}
+    raw = {d["_id"]: d for d in raw_coll.find({"_id": {"$in": ids}})}
     if len(raw) != len(set(ids)):
         raise RuntimeError(f"{len(set(ids)) - len(raw)} documents of {coll.full_name} are missing")
-    return {i: bson.decode(d.raw, codec) for i, d in raw.items()}, raw
+    return ids, {i: bson.decode(d.raw, codec) for i, d in raw.items()}, raw
 
 
 def _check(ok: bool, what: str) -> None:
@@ -396,8 +398,7 @@ def _timed(
 
 
 def case_hit(b: BlockContext) -> dict[str, Any]:
-    ids = list(range(*b.ranges["hit"]))
-    expected, _ = _stored(b.client[b.db_name][DOCS], ids)
+    ids, expected, _ = _stored(b, "hit")
     n = b.ops["hit"]
     rng = random.Random(b.seed)
     order = [rng.choice(ids) for _ in range(n)]
@@ -409,8 +410,7 @@ def case_hit(b: BlockContext) -> dict[str, Any]:
 
 
 def case_miss(b: BlockContext) -> dict[str, Any]:
-    ids = list(range(*b.ranges["miss"]))
-    expected, _ = _stored(b.client[b.db_name][DOCS], ids)
+    ids, expected, _ = _stored(b, "miss")
     warm, timed = ids[:WARM], ids[WARM:]
     random.Random(b.seed).shuffle(timed)
     n = len(timed)
@@ -432,8 +432,7 @@ def case_admission(b: BlockContext) -> dict[str, Any]:
         raise Unavailable(f"no step API in client_query_cache._core.read ({exc})") from None
     if not hasattr(StepKind, "READ"):
         raise Unavailable("client_query_cache._core.read.StepKind has no READ")
-    ids = list(range(*b.ranges["admission"]))
-    expected, raw = _stored(b.client[b.db_name][DOCS], ids)
+    ids, expected, raw = _stored(b, "admission")
     warm_public, warm_steps, timed = ids[:WARM], ids[WARM : 2 * WARM], ids[2 * WARM :]
     random.Random(b.seed).shuffle(timed)
     n = len(timed)
@@ -469,8 +468,7 @@ def case_admission(b: BlockContext) -> dict[str, Any]:
 
 
 def case_invalidation(b: BlockContext) -> dict[str, Any]:
-    ids = list(range(*b.ranges["invalidation"]))
-    expected, _ = _stored(b.client[b.db_name][INVAL], ids)
+    ids, expected, _ = _stored(b, "invalidation")
     n = b.ops["invalidation"]
     start = random.Random(b.seed).randrange(len(ids))
     order = [ids[(start + j) % len(ids)] for j in range(n)]

@@ -16,7 +16,7 @@ from typing import Any
 import bson
 import pymongo
 
-from client_query_cache import AsyncCacheManager, CacheManager
+from client_query_cache import CacheManager
 from client_query_cache._core.engine import decode_bson
 
 from . import _kit as kit
@@ -66,66 +66,55 @@ def _verify(what: str, mismatches: int, hits: int, misses: int, samples: int) ->
         )
 
 
+def _by_id(view: Any, expected: list[Any]) -> list[Any]:
+    """A ``find_one`` by ``_id`` of each expected document: the reads that warm ``view``'s cache."""
+    return [functools.partial(view.find_one, {"_id": d["_id"]}) for d in expected]
+
+
 async def _measure_async(
     uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int]
 ) -> dict[str, list[int]]:
     """The async columns: decode, ``await`` cached hit, ``await`` direct read,
     interleaved per sample like the sync ones (in a fixed order)."""
-    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(uri)
     t_decode: list[int] = []
     t_hit: list[int] = []
     t_direct: list[int] = []
-    try:
-        coll = client[db_name]["docs"]
+    async with kit.worker_client(uri, True, None) as (client, manager):
+        coll, cached = client[db_name]["docs"], manager[db_name]["docs"]
         codec = coll.codec_options
-        async with AsyncCacheManager(client) as manager:
-            cached = manager[db_name]["docs"]
-            if not await manager.wait_ready(30):
-                raise RuntimeError("the change stream did not become ready")
-            deadline = time.monotonic() + 30  # until every document is served
-            while True:
-                hits = manager.snapshot().hits
-                for d in expected:
-                    await cached.find_one({"_id": d["_id"]})
-                if manager.snapshot().hits - hits == len(expected):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the documents are not all served from the cache after 30 s")
-                await asyncio.sleep(0.1)
-            for d in expected[:200]:
-                decode_bson(raw_by_id[d["_id"]], codec)
-                await cached.find_one({"_id": d["_id"]})
-                await coll.find_one({"_id": d["_id"]})
-            before = manager.snapshot()
-            clock = time.perf_counter_ns
-            mismatches = 0
-            gc.collect()
-            for i in order:
-                want = expected[i]
-                raw = raw_by_id[i]
-                filt = {"_id": i}
+        await kit.warmed_ready(manager, _by_id(cached, expected), 30)
+        for d in expected[:200]:
+            decode_bson(raw_by_id[d["_id"]], codec)
+            await cached.find_one({"_id": d["_id"]})
+            await coll.find_one({"_id": d["_id"]})
+        before = manager.snapshot()
+        clock = time.perf_counter_ns
+        mismatches = 0
+        gc.collect()
+        for i in order:
+            want = expected[i]
+            raw = raw_by_id[i]
+            filt = {"_id": i}
 
-                t0 = clock()
-                a = decode_bson(raw, codec)
-                t1 = clock()
-                t_decode.append(t1 - t0)
-                mismatches += a != want
+            t0 = clock()
+            a = decode_bson(raw, codec)
+            t1 = clock()
+            t_decode.append(t1 - t0)
+            mismatches += a != want
 
-                t0 = clock()
-                b = await cached.find_one(filt)
-                t1 = clock()
-                t_hit.append(t1 - t0)
-                mismatches += b != want
+            t0 = clock()
+            b = await cached.find_one(filt)
+            t1 = clock()
+            t_hit.append(t1 - t0)
+            mismatches += b != want
 
-                t0 = clock()
-                c = await coll.find_one(filt)
-                t1 = clock()
-                t_direct.append(t1 - t0)
-                mismatches += c != want
-            after = manager.snapshot()
-    finally:
-        await client.close()
-    _verify("async ", mismatches, after.hits - before.hits, after.misses - before.misses, len(order))
+            t0 = clock()
+            c = await coll.find_one(filt)
+            t1 = clock()
+            t_direct.append(t1 - t0)
+            mismatches += c != want
+        counts = kit.counted(before, manager.snapshot())
+    _verify("async ", mismatches, counts["hits"], counts["misses"], len(order))
     return {"async_decode": t_decode, "async_hit": t_hit, "async_direct": t_direct}
 
 
@@ -172,28 +161,23 @@ def _measure_shared(
     """decode, process-local hit, shared hit, direct read, interleaved; the
     shared cache's owner uses the public benchmark's geometry (32 MiB budget,
     40 MiB arena, 16,384 slots)."""
-    name = kit.new_name("hitpath")
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
-    coll = client[db_name]["docs"]
-    owner = kit.start_owner(name, uri, **kit.OWNER_GEOMETRY)
-    try:
-        with CacheManager(client) as local, CacheManager(client, shared=name) as shared:
+    with kit.owned(kit.new_name("hitpath"), uri, **kit.OWNER_GEOMETRY) as owner, pymongo.MongoClient(uri) as client:
+        coll = client[db_name]["docs"]
+        with CacheManager(client) as local, CacheManager(client, shared=owner.name) as shared:
             local_docs, shared_docs = local[db_name]["docs"], shared[db_name]["docs"]
             # The owner admits a worker's misses asynchronously, and reads go
             # to MongoDB until the stream has applied what the misses saw.
             for manager, view in ((local, local_docs), (shared, shared_docs)):
-                kit.warm_ready(manager, [functools.partial(view.find_one, {"_id": d["_id"]}) for d in expected], 30)
+                kit.warm_ready(manager, _by_id(view, expected), 30)
             before = shared.snapshot().hits
             views = {"local_hit": local_docs, "hit": shared_docs}
             times, mismatches = _interleave(coll, views, order, expected, raw_by_id, "shared_")
             _verify("shared ", mismatches, shared.snapshot().hits - before, 0, len(order))
-    finally:
-        kit.stop_owner(owner)
-        client.close()
     return times
 
 
 def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str, Any]:
+    kit.progress(f"measuring {samples} samples...")
     rng = random.Random(seed)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
     db_name = f"cqc_bench_hit_{int(time.time())}_{rng.randint(0, 10**6)}"
@@ -212,7 +196,7 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             cached = manager[db_name]["docs"]
             # Warm-up: admit every document (until all are served), then
             # exercise all three paths.
-            kit.warm_ready(manager, [functools.partial(cached.find_one, {"_id": d["_id"]}) for d in expected], 30)
+            kit.warm_ready(manager, _by_id(cached, expected), 30)
             for d in expected[:200]:
                 decode_bson(raw_by_id[d["_id"]], codec)
                 cached.find_one({"_id": d["_id"]})
@@ -221,12 +205,12 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             setup_seconds = time.perf_counter() - setup_started
             order = [rng.randrange(docs) for _ in range(samples)]
             times, mismatches = _interleave(coll, {"hit": cached}, order, expected, raw_by_id)
-            after = manager.snapshot()
+            counts = kit.counted(before, manager.snapshot())
         verification = {
             "checked_reads": 6 * samples,
             "mismatches": mismatches,
-            "timed_hits": after.hits - before.hits,
-            "timed_misses": after.misses - before.misses,
+            "timed_hits": counts["hits"],
+            "timed_misses": counts["misses"],
         }
         _verify("", mismatches, verification["timed_hits"], verification["timed_misses"], samples)
         kit.progress("measuring the async columns...")
@@ -283,10 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", action="store_true", help="also measure a shared-cache hit (starts an owner)")
     args = parser.parse_args(argv)
     samples = args.samples or (2000 if args.quick else 20000)
-    kit.progress("starting the server (or using MONGODB_URI)...")
-    with kit.server() as uri:
-        kit.progress(f"measuring {samples} samples...")
-        report = _run(uri, args.documents, samples, args.seed, args.shared)
+    report = kit.with_server(lambda uri: _run(uri, args.documents, samples, args.seed, args.shared))
+    if report is None:
+        return 1
     report["mode"] = "quick" if args.quick else "full"
     return kit.conclude(report, None, _print, args.json, targets=TARGETS, quick=args.quick)
 

@@ -319,23 +319,20 @@ class _Phase:
     def measure(self) -> dict[str, dict[str, Any]]:
         """The hot and the cold window; every process is ended before this returns or raises."""
         run = self.run
-        try:
+        with contextlib.ExitStack() as stack:
             if self.path == "shared":
                 self._say("starting the owner")
                 name = f"cqc-pubbench-{os.getpid()}-{self.rep}-{self.mode}"
-                self.owner = kit.start_owner(name, run.uri, **kit.OWNER_GEOMETRY)
-            self.pool = kit.Pool(run.workers, owner=self.owner, timeout=run.timeout)
+                self.owner = stack.enter_context(kit.owned(name, run.uri, **kit.OWNER_GEOMETRY))
+            self.pool = stack.enter_context(kit.Pool(run.workers, owner=self.owner, timeout=run.timeout))
             self.pool.start([self._spec(w) for w in range(run.workers)], _worker)
             self._say("starting workers, first pass over the hot set")
             self.pool.meet(f"{self.label}: warm-up (first pass)")
             if self.owner is not None:
                 self._say("waiting for the owner to admit the hot set")
-                deadline = time.monotonic() + run.timeout
-                while self.owner.snapshot()["entries"] < run.hot:
-                    if time.monotonic() > deadline:
-                        self.pool.abort()
-                        raise BenchmarkFailed(f"{self.label}: the owner did not admit the hot set")
-                    time.sleep(0.05)
+                if not kit.wait_until(lambda: self.owner.snapshot()["entries"] >= run.hot, run.timeout, 0.05):
+                    self.pool.abort()
+                    raise BenchmarkFailed(f"{self.label}: the owner did not admit the hot set")
             self.pool.meet(f"{self.label}: warm-up (owner admitted)")
             out = {window: self._window(window) for window in WINDOWS}
             self._say("closing")
@@ -344,11 +341,6 @@ class _Phase:
                 if p.exitcode != 0:
                     raise BenchmarkFailed(f"{self.label}: worker exited with {p.exitcode}")
             return out
-        finally:
-            if self.pool is not None:
-                self.pool.close()
-            if self.owner is not None:
-                kit.stop_owner(self.owner)
 
     def _sample(self) -> dict[str, dict[str, float]]:
         """CPU so far and memory of every worker and the owner, by process."""
@@ -707,9 +699,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--no-png", action="store_true", help="write no figure")
     add("--timeout", type=float, default=900.0, help="seconds any one wait may take before the run fails (default 900)")
     args = parser.parse_args(argv)
-    for name, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "repetitions", "reads", "hot"))
     if args.hot >= COLD_ID_BASE:
         parser.error(f"--hot must be below {COLD_ID_BASE}")

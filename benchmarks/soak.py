@@ -32,7 +32,7 @@ from pymongo.errors import PyMongoError
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, MiB, Shared, Status
 from ._oracle import Oracle, Write, applied_time, timestamp_int
-from .coherence import check_document, document
+from .coherence import check_document, document, insert_documents
 from .workloads import ZIPF_S
 
 SCHEMA = "cqc.soak/1"
@@ -332,9 +332,7 @@ def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
         client: pymongo.MongoClient[Any] = stack.enter_context(pymongo.MongoClient(spec["uri"]))
         manager = stack.enter_context(CacheManager(client, shared=spec["shared_name"]))
         worker = _Worker(spec, manager, reads, writes)
-        worker.coll.find_one({"_id": 0})
-        if not manager.wait_ready(spec["timeout"], database=spec["db"]):
-            raise BenchmarkFailed("the change stream did not become ready")
+        kit.register(manager, worker.coll, spec["db"], spec["timeout"])
         worker.session = stack.enter_context(client.start_session(causal_consistency=False))
         return worker.loop(shared)
 
@@ -481,13 +479,8 @@ class Sampler:
 @contextlib.contextmanager
 def _collection(client: pymongo.MongoClient[Any], db: str, args: argparse.Namespace) -> Iterator[None]:
     """The soak's documents, in a database of their own dropped afterwards."""
-    coll = client[db][COLL]
     try:
-        for start in range(0, args.documents, 500):
-            keys = range(start, min(args.documents, start + 500))
-            coll.insert_many([document(k, 0, args.groups, args.pad_bytes) for k in keys])
-        coll.create_index("key", unique=True)
-        coll.create_index("group")
+        insert_documents(client[db][COLL], args.documents, args.groups, args.pad_bytes)
         yield
     finally:
         with contextlib.suppress(Exception):
@@ -508,13 +501,12 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
         stack.enter_context(_collection(client, db, args))
         budget = int(args.budget_mib * MiB)
         status(f"starting the owner ({budget / MiB:.1f} MiB budget, {args.slots} slots)")
-        owner = kit.start_owner(
-            kit.new_name("cqc-soak"), uri, budget_bytes=budget, slots=args.slots,
-            max_entry_bytes=min(MiB, budget // 4), max_await_time_ms=1000, idle_exit_seconds=60.0,
-        )  # fmt: skip
-        stack.callback(kit.stop_owner, owner)
-        pool = kit.Pool(args.workers, stats=args.workers * len(STATS), timeout=args.timeout)
-        stack.callback(pool.close)
+        geometry = {
+            "budget_bytes": budget, "slots": args.slots, "max_entry_bytes": min(MiB, budget // 4),
+            "max_await_time_ms": 1000, "idle_exit_seconds": 60.0,
+        }  # fmt: skip
+        owner = stack.enter_context(kit.owned(kit.new_name("cqc-soak"), uri, **geometry))
+        pool = stack.enter_context(kit.Pool(args.workers, stats=args.workers * len(STATS), timeout=args.timeout))
         status(f"starting {args.workers} workers")
         spec = {**vars(args), "uri": uri, "db": db, "shared_name": owner.name, "dir": workdir}
         pool.start([{**spec, "index": n} for n in range(args.workers)], _worker)
@@ -760,12 +752,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    status = Status()
-    report = kit.with_server(lambda uri: run(args, uri, status), status)
-    if report is None:
-        return 1
-    return kit.conclude(report, checks(report), print_report, args.json)
+    return kit.checked_main(_parse(argv), run, checks, print_report)
 
 
 if __name__ == "__main__":

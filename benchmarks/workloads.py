@@ -158,9 +158,10 @@ def zipf_keys(n: int, count: int, rng: random.Random, s: float = ZIPF_S) -> list
     return [by_rank[r] for r in rng.choices(range(n), cum_weights=cum, k=count)]
 
 
-def _start_owner(prefix: str, uri: str) -> Any:
+def _owner(prefix: str, uri: str) -> contextlib.AbstractContextManager[Any]:
+    """An owner of the benchmark's geometry while the block runs."""
     geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": MAX_AWAIT_TIME_MS}
-    return kit.start_owner(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
+    return kit.owned(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
 
 
 def _manager(client: Any, shared_name: str | None) -> Any:
@@ -175,14 +176,9 @@ def _warm(manager: Any, reader: Any, db: str, keys: int, timeout: float, what: s
     """Start the database's stream (the first read registers the namespace)
     and wait until it is ready, then read every key until a whole pass hits;
     return the passes it took."""
-    reader.find_one({"_id": 0})
-    if not manager.wait_ready(timeout, database=db):
-        raise BenchmarkFailed(f"{what}: the change stream did not become ready")
+    kit.register(manager, reader, db, timeout, label=f"{what}: ")
     reads = [functools.partial(reader.find_one, {"_id": k}) for k in range(keys)]
-    passes = kit.warm_until_hits(manager, reads, timeout)
-    if not passes:
-        raise BenchmarkFailed(f"{what}: documents still missing after {timeout:g} s of warm-up passes")
-    return passes
+    return kit.warm_ready(manager, reads, timeout, db, label=f"{what}: ")
 
 
 # -- Part 1: the mix matrix ------------------------------------------------------
@@ -196,19 +192,17 @@ class MatrixPaths:
         self.timeout = timeout
         self.dbs = {p: f"{db_prefix}_{p}" for p in PATHS}
         self.clients: dict[str, pymongo.MongoClient[Any]] = {}
-        self.owner: Any = None
         self.managers: dict[str, Any] = {}
         #: Each path's writes' operationTime, from its client's commands.
         self.times = {p: WriteTimes() for p in PATHS}
-        try:
+        with contextlib.ExitStack() as stack:
             for p in PATHS:
-                self.clients[p] = pymongo.MongoClient(uri, event_listeners=[self.times[p]])
-            self.owner = _start_owner("cqc-wl-matrix", uri)
-            self.managers["local"] = _manager(self.clients["local"], None)
-            self.managers["shared"] = _manager(self.clients["shared"], self.owner.name)
-        except BaseException:
-            self.close()
-            raise
+                self.clients[p] = stack.enter_context(pymongo.MongoClient(uri, event_listeners=[self.times[p]]))
+                stack.callback(kit.quietly, self.clients[p].drop_database, self.dbs[p])
+            self.owner = stack.enter_context(_owner("cqc-wl-matrix", uri))
+            self.managers["local"] = stack.enter_context(_manager(self.clients["local"], None))
+            self.managers["shared"] = stack.enter_context(_manager(self.clients["shared"], self.owner.name))
+            self._cleanup = stack.pop_all()
 
     def raw(self, path: str, coll: str) -> Any:
         return self.clients[path][self.dbs[path]][coll]
@@ -223,18 +217,8 @@ class MatrixPaths:
         return {**{p: self.managers[p].snapshot() for p in CACHED}, "owner": self.owner.snapshot()}
 
     def close(self) -> None:
-        for m in self.managers.values():
-            with contextlib.suppress(Exception):
-                m.close()
-        self.managers = {}
-        if self.owner is not None:
-            kit.stop_owner(self.owner)
-            self.owner = None
-        for p, c in self.clients.items():
-            with contextlib.suppress(Exception):
-                c.drop_database(self.dbs[p])
-            c.close()
-        self.clients = {}
+        """Close the managers, stop the owner, drop each path's database and close its client."""
+        self._cleanup.close()
 
 
 class _Cell:
@@ -673,19 +657,18 @@ def run_invalidation(
     coll_name = f"invalidation_{path}"
     raws = _documents(keys, INV_DOC_BYTES, f"{seed}/inv/{path}")
     times = WriteTimes()
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
-    owner: Any = None
-    pool: kit.Pool | None = None
-    try:
+    with contextlib.ExitStack() as stack:
+        client: pymongo.MongoClient[Any] = stack.enter_context(pymongo.MongoClient(uri, event_listeners=[times]))
         coll = client[db][coll_name]
+        stack.callback(kit.quietly, coll.drop)
         kit.insert_raw(coll, raws)
+        spec = {"uri": uri, "db": db, "coll": coll_name, "keys": keys, "raws": raws, "timeout": timeout}
+        spec["shared_name"] = None
         if path == "shared":
             status(f"invalidation/{path}: starting the owner")
-            owner = _start_owner("cqc-wl-inv", uri)
-        pool = kit.Pool(workers, keys=keys, timeout=timeout)
+            spec["shared_name"] = stack.enter_context(_owner("cqc-wl-inv", uri)).name
+        pool = stack.enter_context(kit.Pool(workers, keys=keys, timeout=timeout))
         status(f"invalidation/{path}: starting {workers} workers")
-        spec = {"uri": uri, "db": db, "coll": coll_name, "keys": keys, "raws": raws, "timeout": timeout}
-        spec["shared_name"] = owner.name if owner is not None else None
         pool.start([{**spec, "index": w, "seed": f"{seed}/inv/{path}/{w}"} for w in range(workers)], _inv_worker)
         pool.meet("start (workers warm)")
         coll.update_one({"_id": -1}, {"$set": {"version": 0}})  # opens the write path; no event
@@ -698,14 +681,6 @@ def run_invalidation(
         status(f"invalidation/{path}: waiting for every worker to observe the final versions")
         results = pool.collect(timeout=timeout + 30)
         wall = time.perf_counter() - started
-    finally:
-        if pool is not None:
-            pool.close()
-        if owner is not None:
-            kit.stop_owner(owner)
-        with contextlib.suppress(Exception):
-            client[db][coll_name].drop()
-        client.close()
 
     mismatches = [m for r in results for m in r["mismatches"]]
     if mismatches:
@@ -770,8 +745,8 @@ METHOD = {
 }
 MATRIX_COLUMNS = (
     ("mix", "<15"), ("size", "<7"), ("path", "<7"), ("reads", ">6"), ("writes", ">6"), ("rd p50", ">8.1f"),
-    ("rd p95", ">8.1f"), ("rd p99", ">8.1f"), ("wr p50", ">8.1f"), ("hits", ">6"), ("stale", ">5"), ("mono", ">5"),
-    ("ryw", ">5"), ("p50/direct", ">10"),
+    ("rd p95", ">8.1f"), ("rd p99", ">8.1f"), ("wr p50", ">8.1f"), ("hits", ">6.0%"), ("stale", ">5"), ("mono", ">5"),
+    ("ryw", ">5"), ("p50/direct", ">10.3f"),
 )  # fmt: skip
 INVALIDATION_COLUMNS = (
     ("path", "<7"), ("writes", ">6"), ("rd/wr", ">6.1f"), ("p50", ">8.0f"), ("p95", ">8.0f"), ("p99", ">8.0f"),
@@ -881,8 +856,7 @@ def print_tables(report: dict[str, Any]) -> None:
 
 def _matrix_row(cell: dict[str, Any], p: str) -> tuple[Any, ...]:
     e = cell["paths"][p]
-    hits = f"{e['hit_ratio']:.0%}" if "hit_ratio" in e else "-"
-    ratio = f"{e['read_p50_over_direct']:.3f}" if "read_p50_over_direct" in e else "-"
+    hits, ratio = kit.cell(e.get("hit_ratio")), kit.cell(e.get("read_p50_over_direct"))
     read = [e["read"][f"p{q}_us"] for q in (50, 95, 99)]
     violations = [e[key] for key in VIOLATIONS]
     return (cell["mix"], cell["size"], p, e["reads"], e["writes"], *read, e["write"]["p50_us"], hits, *violations,
@@ -946,23 +920,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--skip-matrix", action="store_true", help="run only the invalidation measurement")
     add("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
     args = parser.parse_args(argv)
-    defaults = QUICK if args.quick else FULL
-    for name in ("keys", "ops", "writes"):
-        if getattr(args, name) is None:
-            setattr(args, name, defaults[name])
+    kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "keys", "ops", "writes", "inv_keys"))
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    status = Status()
-    started = time.perf_counter()
-    report = kit.with_server(lambda uri: run(args, uri, status), status)
-    if report is None:
-        return 1
-    report["elapsed_seconds"] = time.perf_counter() - started
-    return kit.conclude(report, checks(report), print_tables, args.json, elapsed=True)
+    return kit.checked_main(_parse(argv), run, checks, print_tables, timed=True, elapsed=True)
 
 
 if __name__ == "__main__":
