@@ -213,9 +213,7 @@ cache_make (PyObject *cls, cqc_mode_t mode, const cqc_cache_config_t *cfg, PyObj
    return (PyObject *) self;
 }
 
-/* Cache.local(budget_bytes, slot_count, uri, max_await_time_ms, decode,
- *             objectid_type, closed_error, forked_error, tls_ca_file=None,
- *             tls_ca_dir=None) */
+/* Cache.local(...): the arguments are kwlist's, as _native.pyi gives them. */
 static PyObject *
 Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
 {
@@ -234,9 +232,7 @@ Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
    return cache_make (cls, CQC_MODE_LOCAL, &cfg, decode, oid, closed_error, forked_error);
 }
 
-/* Cache.owner(budget_bytes, slot_count, uri, max_await_time_ms, arena_path,
- *             closed_error, forked_error, heartbeat_timeout_ms=1000,
- *             arena_bytes=0, tls_ca_file=None, tls_ca_dir=None) */
+/* Cache.owner(...): the arguments are kwlist's, as _native.pyi gives them. */
 static PyObject *
 Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
 {
@@ -257,8 +253,7 @@ Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
    return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error);
 }
 
-/* Cache.worker(arena_path, segment_path, ring_bytes, decode, objectid_type,
- *              closed_error, forked_error) */
+/* Cache.worker(...): the arguments are kwlist's, as _native.pyi gives them. */
 static PyObject *
 Cache_worker (PyObject *cls, PyObject *args, PyObject *kwds)
 {
