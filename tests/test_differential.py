@@ -52,6 +52,7 @@ import asyncio
 import datetime
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -83,6 +84,12 @@ SEED = os.environ.get("CQC_DIFF_SEED") or None
 SHRINK = os.environ.get("CQC_DIFF_SHRINK", "1") != "0"
 
 MAIN, ALT, MARKER = "main", "alt", "marker"
+#: How long the oracle waits for the stream to apply a marker. What is under
+#: test is the results once it has, not how fast the test server delivers
+#: events: once in a full suite run a stream went 15 s without applying the
+#: marker and the server's streams recovered afterwards. A longer stall
+#: fails with what a new PyMongo change stream sees from the applied time.
+SETTLE_S = 60.0
 
 # -- values ----------------------------------------------------------------------
 
@@ -523,12 +530,33 @@ class Harness:
         try:
             await async_wait_until(
                 lambda: (t := self.applied()) is not None and t >= written,
+                timeout=SETTLE_S,
                 what=f"the {self.mode} stream applies the writes (at {written})",
             )
         except AssertionError as exc:
-            # What the stream was doing, to tell a stall from a slow machine.
+            # What the stream was doing, to tell a stall from a slow machine,
+            # and what a new change stream of PyMongo's own sees from the
+            # applied time on: nothing there as well means the server's
+            # streams stopped, not the follower.
             owner = self.owner.snapshot() if self.owner is not None else None
-            raise AssertionError(f"{exc}: {self.manager.snapshot()!r}; owner: {owner!r}") from None
+            seen = self.fresh_stream_events(self.applied(), written)
+            raise AssertionError(
+                f"{exc}: {self.manager.snapshot()!r}; owner: {owner!r}; "
+                f"a new PyMongo change stream from the applied time saw: {seen}"
+            ) from None
+
+    def fresh_stream_events(self, since: Any, until: Any, seconds: float = 5.0) -> list[tuple[str, Any]]:
+        events: list[tuple[str, Any]] = []
+        deadline = time.monotonic() + seconds
+        try:
+            with self.writer[self.db].watch(start_at_operation_time=since, max_await_time_ms=200) as stream:
+                while time.monotonic() < deadline and not (events and events[-1][1] >= until):
+                    change = stream.try_next()
+                    if change is not None:
+                        events.append((change["operationType"], change["clusterTime"]))
+        except pymongo.errors.PyMongoError as exc:
+            events.append(("error", repr(exc)))
+        return events
 
     # -- one example -------------------------------------------------------------
 
