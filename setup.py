@@ -69,6 +69,12 @@ def sanitize_args() -> list[str]:
     return SANITIZE_ARGS + [f"-O{level}"]
 
 
+def static_prefix_requested() -> str:
+    """The prefix ``CQC_STATIC_PREFIX`` names, or "" for a build against
+    the system's mongo-c-driver."""
+    return os.environ.get("CQC_STATIC_PREFIX", "").strip()
+
+
 def pkg_config_flags() -> tuple[list[str], list[str]]:
     """Return (cflags, libs) for libmongoc and libbson, or stop the build
     with a message that names the packages to install.
@@ -79,7 +85,7 @@ def pkg_config_flags() -> tuple[list[str], list[str]]:
     exe = shutil.which("pkg-config")
     if exe is None:
         raise SystemExit(f"error: pkg-config was not found. {INSTALL_HINT}")
-    static_prefix = os.environ.get("CQC_STATIC_PREFIX", "").strip()
+    static_prefix = static_prefix_requested()
     env = dict(os.environ)
     if static_prefix:
         env["PKG_CONFIG_LIBDIR"] = os.path.join(static_prefix, "lib", "pkgconfig")
@@ -115,7 +121,7 @@ class BuildExt(build_ext):
     def run(self) -> None:
         cflags, libs = pkg_config_flags()
         extra = sanitize_args() if sanitize_requested() else []
-        if os.environ.get("CQC_STATIC_PREFIX", "").strip():
+        if static_prefix_requested():
             libs += self.static_link_args()
         for ext in self.extensions:
             ext.extra_compile_args = cflags + COMPILE_ARGS + extra

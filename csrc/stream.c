@@ -349,7 +349,7 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
 /* A URI that turns TLS on and checks certificates without naming the
  * authorities (tlsCAFile) gets the platform's trust store, s->ca_file and
  * s->ca_dir, instead of the one compiled into libmongoc's OpenSSL (which in
- * the wheel is Debian's /usr/lib/ssl). The other fields are read from the
+ * the wheel is built for Debian's /etc/ssl). The other fields are read from the
  * URI exactly as libmongoc reads them itself (_mongoc_ssl_opts_from_uri,
  * the same from 1.23 to 2.x), and mongoc_client_set_ssl_opts keeps the
  * OCSP options the client parsed from it: what is verified stays what the

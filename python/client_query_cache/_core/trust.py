@@ -6,9 +6,9 @@ with Python's ``ssl`` module (``SSLContext.load_default_certs()``): the
 ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` environment variables when set, else
 the file and directory compiled into the OpenSSL that Python links. The
 followers run on libmongoc, whose OpenSSL has its own compiled-in directory,
-and in the wheel that OpenSSL is vendored from Debian (``/usr/lib/ssl``, that
-is ``/etc/ssl/certs``): left alone, it finds nothing on RHEL and its
-relatives (``/etc/pki``). So the followers are handed the trust store that
+and in the wheel that OpenSSL is linked into the extension, built for
+Debian's layout (``/etc/ssl``, that is ``/etc/ssl/certs``): left alone, it
+finds nothing on RHEL and its relatives (``/etc/pki``). So the followers are handed the trust store that
 PyMongo uses, resolved here in Python:
 
 1. the file and directory Python's OpenSSL verifies with
