@@ -23,13 +23,14 @@ from . import _kit as kit
 
 SCHEMA = "client-query-cache/hit-path/1"
 METHOD = {
-    "interleaving": "decode, hit, direct per sample, their order rotating from "
-    "sample to sample (async: fixed order), random document order",
+    "interleaving": "decode, hit, direct per sample, in a random order drawn per sample "
+    "(seeded), random document order",
     "quantiles": "nearest rank: index ceil(p/100*n)-1 of sorted samples",
     "timer": "time.perf_counter_ns around each call",
     "decode": "bson._bson_to_dict(raw, collection.codec_options)",
     "verification": "every sampled result compared with the inserted document "
-    "after its stop timestamp; every timed cache read a hit",
+    "after its stop timestamp; every timed cache read a hit (process-local and shared)",
+    "costs": "the cache's own cost of a hit: its p50 minus the decode's p50 of the same loop",
 }
 SHARED_METHOD = (
     "a fourth loop interleaves decode, process-local hit, shared hit (this process "
@@ -47,6 +48,13 @@ RATIOS = {
     "shared_hit_over_decode_p50": ("shared_hit", "shared_decode", "p50_us"),
     "shared_over_local_p50": ("shared_hit", "shared_local_hit", "p50_us"),
     "shared_hit_over_direct_p50": ("shared_hit", "shared_direct", "p50_us"),
+}
+#: The cache's own cost of a hit, in microseconds: (hit, decode) of ``results``.
+COSTS = {
+    "hit_minus_decode_p50_us": ("hit", "decode"),
+    "async_hit_minus_decode_p50_us": ("async_hit", "async_decode"),
+    "shared_hit_minus_decode_p50_us": ("shared_hit", "shared_decode"),
+    "shared_local_hit_minus_decode_p50_us": ("shared_local_hit", "shared_decode"),
 }
 #: What a full run is held to (README's figures; docs/benchmarks.md, "Targets").
 TARGETS = (
@@ -72,13 +80,10 @@ def _by_id(view: Any, expected: list[Any]) -> list[Any]:
 
 
 async def _measure_async(
-    uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int]
+    uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int], seed: int
 ) -> dict[str, list[int]]:
     """The async columns: decode, ``await`` cached hit, ``await`` direct read,
-    interleaved per sample like the sync ones (in a fixed order)."""
-    t_decode: list[int] = []
-    t_hit: list[int] = []
-    t_direct: list[int] = []
+    interleaved per sample in a random order like the sync ones."""
     async with kit.worker_client(uri, True, None) as (client, manager):
         coll, cached = client[db_name]["docs"], manager[db_name]["docs"]
         codec = coll.codec_options
@@ -88,34 +93,42 @@ async def _measure_async(
             await cached.find_one({"_id": d["_id"]})
             await coll.find_one({"_id": d["_id"]})
         before = manager.snapshot()
+        # (name, call, awaited): the decode is not awaited; its result is the document.
+        ops = [
+            ("async_decode", lambda f, raw: decode_bson(raw, codec), False),
+            ("async_hit", lambda f, raw: cached.find_one(f), True),
+            ("async_direct", lambda f, raw: coll.find_one(f), True),
+        ]
+        times: dict[str, list[int]] = {name: [] for name, _, _ in ops}
         clock = time.perf_counter_ns
         mismatches = 0
         gc.collect()
-        for i in order:
+        for i, perm in zip(order, _orders(len(ops), len(order), seed), strict=True):
             want = expected[i]
             raw = raw_by_id[i]
             filt = {"_id": i}
-
-            t0 = clock()
-            a = decode_bson(raw, codec)
-            t1 = clock()
-            t_decode.append(t1 - t0)
-            mismatches += a != want
-
-            t0 = clock()
-            b = await cached.find_one(filt)
-            t1 = clock()
-            t_hit.append(t1 - t0)
-            mismatches += b != want
-
-            t0 = clock()
-            c = await coll.find_one(filt)
-            t1 = clock()
-            t_direct.append(t1 - t0)
-            mismatches += c != want
+            for k in perm:
+                name, fn, awaited = ops[k]
+                t0 = clock()
+                got = fn(filt, raw)
+                if awaited:
+                    got = await got
+                t1 = clock()
+                times[name].append(t1 - t0)
+                mismatches += got != want
+                del got
         counts = kit.counted(before, manager.snapshot())
     _verify("async ", mismatches, counts["hits"], counts["misses"], len(order))
-    return {"async_decode": t_decode, "async_hit": t_hit, "async_direct": t_direct}
+    return times
+
+
+def _orders(ops: int, samples: int, seed: int) -> list[list[int]]:
+    """The order of the ops in each sample: a random permutation (seeded). A
+    fixed or rotating order would give some op the direct read, which trashes
+    the CPU caches, as its predecessor more often than the others (rotating
+    three ops: the first two follow it twice and once in three samples)."""
+    rng = random.Random(seed)
+    return [rng.sample(range(ops), ops) for _ in range(samples)]
 
 
 def _interleave(
@@ -124,14 +137,13 @@ def _interleave(
     order: list[int],
     expected: list[Any],
     raw_by_id: dict[int, bytes],
+    seed: int,
     prefix: str = "",
 ) -> tuple[dict[str, list[int]], int]:
     """Time the decode, a ``find_one`` through each cached view of ``coll``
-    and a direct ``find_one`` once per sample, and check every result after
-    its stop timestamp. The order of the ops rotates from sample to sample, so
-    each op runs in each position (first after the previous sample, after the
-    decode, ...) equally often. Returns samples per op (named with
-    ``prefix``) and mismatches."""
+    and a direct ``find_one`` once per sample, in a random order per sample
+    (``_orders``), and check every result after its stop timestamp. Returns
+    samples per op (named with ``prefix``) and mismatches."""
     codec = coll.codec_options
     ops = [("decode", lambda f, raw: decode_bson(raw, codec))]
     ops += [(name, lambda f, raw, view=view: view.find_one(f)) for name, view in views.items()]
@@ -139,13 +151,13 @@ def _interleave(
     times: dict[str, list[int]] = {name: [] for name, _ in ops}
     clock = time.perf_counter_ns
     mismatches = 0
-    rotations = [ops[k:] + ops[:k] for k in range(len(ops))]
     gc.collect()
-    for n, i in enumerate(order):
+    for i, perm in zip(order, _orders(len(ops), len(order), seed), strict=True):
         want = expected[i]
         raw = raw_by_id[i]
         filt = {"_id": i}
-        for name, fn in rotations[n % len(ops)]:
+        for k in perm:
+            name, fn = ops[k]
             t0 = clock()
             got = fn(filt, raw)
             t1 = clock()
@@ -156,7 +168,7 @@ def _interleave(
 
 
 def _measure_shared(
-    uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int]
+    uri: str, db_name: str, expected: list[Any], raw_by_id: dict[int, bytes], order: list[int], seed: int
 ) -> dict[str, list[int]]:
     """decode, process-local hit, shared hit, direct read, interleaved; the
     shared cache's owner uses the public benchmark's geometry (32 MiB budget,
@@ -169,10 +181,12 @@ def _measure_shared(
             # to MongoDB until the stream has applied what the misses saw.
             for manager, view in ((local, local_docs), (shared, shared_docs)):
                 kit.warm_ready(manager, _by_id(view, expected), 30)
-            before = shared.snapshot().hits
+            before = (local.snapshot(), shared.snapshot())
             views = {"local_hit": local_docs, "hit": shared_docs}
-            times, mismatches = _interleave(coll, views, order, expected, raw_by_id, "shared_")
-            _verify("shared ", mismatches, shared.snapshot().hits - before, 0, len(order))
+            times, mismatches = _interleave(coll, views, order, expected, raw_by_id, seed, "shared_")
+            for what, manager, then in (("shared ", shared, before[1]), ("shared phase local ", local, before[0])):
+                counts = kit.counted(then, manager.snapshot())
+                _verify(what, mismatches, counts["hits"], counts["misses"], len(order))
     return times
 
 
@@ -204,7 +218,7 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
             before = manager.snapshot()
             setup_seconds = time.perf_counter() - setup_started
             order = [rng.randrange(docs) for _ in range(samples)]
-            times, mismatches = _interleave(coll, {"hit": cached}, order, expected, raw_by_id)
+            times, mismatches = _interleave(coll, {"hit": cached}, order, expected, raw_by_id, seed)
             counts = kit.counted(before, manager.snapshot())
         verification = {
             "checked_reads": 6 * samples,
@@ -214,10 +228,10 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
         }
         _verify("", mismatches, verification["timed_hits"], verification["timed_misses"], samples)
         kit.progress("measuring the async columns...")
-        times |= asyncio.run(_measure_async(uri, db_name, expected, raw_by_id, order))
+        times |= asyncio.run(_measure_async(uri, db_name, expected, raw_by_id, order, seed + 1))
         if shared:
             kit.progress("measuring the shared cache...")
-            times |= _measure_shared(uri, db_name, expected, raw_by_id, order)
+            times |= _measure_shared(uri, db_name, expected, raw_by_id, order, seed + 2)
     finally:
         client.drop_database(db_name)
         client.close()
@@ -238,8 +252,20 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
         "setup_seconds": setup_seconds,
         "results": results,
         "ratios": {name: results[a][q] / results[b][q] for name, (a, b, q) in RATIOS.items() if a in results},
+        "costs_us": {name: results[a]["p50_us"] - results[b]["p50_us"] for name, (a, b) in COSTS.items() if a in results},
         "verification": verification,
     }
+
+
+#: The printed ratios: (label, ratio, cost printed next to it).
+LINES = (
+    ("hit/decode p50", "hit_over_decode_p50", "hit_minus_decode_p50_us"),
+    ("hit/direct p50", "hit_over_direct_p50", "hit_minus_decode_p50_us"),
+    ("async hit/decode p50", "async_hit_over_decode_p50", "async_hit_minus_decode_p50_us"),
+    ("async hit/direct p50", "async_hit_over_direct_p50", "async_hit_minus_decode_p50_us"),
+    ("shared hit/decode p50", "shared_hit_over_decode_p50", "shared_hit_minus_decode_p50_us"),
+    ("shared/local hit p50", "shared_over_local_p50", None),
+)
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -250,13 +276,11 @@ def _print(report: dict[str, Any]) -> None:
     )
     columns = [("operation", "<14"), ("p50 us", ">10.2f"), ("p95 us", ">10.2f"), ("p99 us", ">10.2f")]
     kit.table(columns, [(name, r["p50_us"], r["p95_us"], r["p99_us"]) for name, r in report["results"].items()])
-    print(f"hit/decode p50: {ratios['hit_over_decode_p50']:.3f}")
-    print(f"hit/direct p50: {ratios['hit_over_direct_p50']:.4f}")
-    print(f"async hit/decode p50: {ratios['async_hit_over_decode_p50']:.3f}")
-    print(f"async hit/direct p50: {ratios['async_hit_over_direct_p50']:.4f}")
-    if "shared_over_local_p50" in ratios:
-        print(f"shared hit/decode p50: {ratios['shared_hit_over_decode_p50']:.3f}")
-        print(f"shared/local hit p50: {ratios['shared_over_local_p50']:.3f}")
+    costs = report["costs_us"]
+    for label, ratio, cost in LINES:
+        if ratio in ratios:
+            extra = f"  (the cache's own cost: {costs[cost]:+.2f} us)" if cost else ""
+            print(f"{label}: {ratios[ratio]:.4g}{extra}")
 
 
 def main(argv: list[str] | None = None) -> int:
