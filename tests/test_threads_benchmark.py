@@ -28,23 +28,25 @@ def test_a_tiny_run_measures_every_count_and_derives_its_ratios(server_uri: str)
 
     names = {"sync": "threads_{}_throughput_over_one_thread", "async": "async_tasks_{}_throughput_over_one_thread"}
     assert set(report["ratios"]) == {name.format(n) for name in names.values() for n in (2, 4, 8)}
+    assert set(report["control"]["decode"]) == set(report["ratios"])
     for api, name in names.items():
-        per = report["results"][api]["throughput_per_s"]
-        assert set(per) == {"1", "2", "4", "8"}
-        assert all(len(v) == 2 and min(v) > 0 for v in per.values()), per
-        assert report["results"][api]["reads"] > 0
-        for n in ("2", "4", "8"):
-            expected = statistics.median([a / b for a, b in zip(per[n], per["1"])])
-            assert report["ratios"][name.format(n)] == expected
+        assert report["results"][api]["hits"] > 0
+        for kind, ratios in (("hit", report["ratios"]), ("decode", report["control"]["decode"])):
+            per = report["results"][api][f"{kind}_throughput_per_s"]
+            assert set(per) == {"1", "2", "4", "8"}
+            assert all(len(v) == 2 and min(v) > 0 for v in per.values()), per
+            for n in ("2", "4", "8"):
+                expected = statistics.median([a / b for a, b in zip(per[n], per["1"])])
+                assert ratios[name.format(n)] == expected
 
 
 def test_a_wrong_result_fails_the_run(server_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     real = threads._expected
 
     def one_wrong(*args):
-        expected, size = real(*args)
+        raws, expected = real(*args)
         expected[3] = dict(expected[3], name="not what the server holds")
-        return expected, size
+        return raws, expected
 
     monkeypatch.setattr(threads, "_expected", one_wrong)
     with pytest.raises(kit.BenchmarkFailed, match="sync verification failed: [1-9][0-9]* mismatching"):
