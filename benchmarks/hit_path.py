@@ -6,6 +6,7 @@ Reference: docs/benchmarks.md, "Harness reference", `benchmarks.hit_path`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import gc
 import random
@@ -35,6 +36,11 @@ METHOD = {
 SHARED_METHOD = (
     "a fourth loop interleaves decode, process-local hit, shared hit (this process "
     "attached as a worker to an owner process) and direct read"
+)
+SCALE_METHOD = (
+    "small documents ({_id, n, s}, 37 B) admitted by real misses into one process-local cache, "
+    "1,000 then 10,000, 100,000 and 1,000,000 entries (up to --scale); at each size, hits of "
+    "documents drawn from the admitted ones interleaved with decoding the same bytes, no direct reads"
 )
 #: The report's ratios: (numerator, denominator, figure) of ``results``; the
 #: shared ones only with ``--shared``.
@@ -135,19 +141,21 @@ def _interleave(
     coll: Any,
     views: dict[str, Any],
     order: list[int],
-    expected: list[Any],
+    expected: Any,
     raw_by_id: dict[int, bytes],
     seed: int,
     prefix: str = "",
+    direct: bool = True,
 ) -> tuple[dict[str, list[int]], int]:
     """Time the decode, a ``find_one`` through each cached view of ``coll``
-    and a direct ``find_one`` once per sample, in a random order per sample
-    (``_orders``), and check every result after its stop timestamp. Returns
-    samples per op (named with ``prefix``) and mismatches."""
+    and (if ``direct``) a direct ``find_one`` once per sample, in a random
+    order per sample (``_orders``), and check every result after its stop
+    timestamp. Returns samples per op (named with ``prefix``) and mismatches."""
     codec = coll.codec_options
     ops = [("decode", lambda f, raw: decode_bson(raw, codec))]
     ops += [(name, lambda f, raw, view=view: view.find_one(f)) for name, view in views.items()]
-    ops.append(("direct", lambda f, raw: coll.find_one(f)))
+    if direct:
+        ops.append(("direct", lambda f, raw: coll.find_one(f)))
     times: dict[str, list[int]] = {name: [] for name, _ in ops}
     clock = time.perf_counter_ns
     mismatches = 0
@@ -190,7 +198,58 @@ def _measure_shared(
     return times
 
 
-def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str, Any]:
+def _scale_sizes(most: int) -> list[int]:
+    """1,000, 10,000, ... up to ``most`` (which ends the list)."""
+    sizes = [n for n in (10**k for k in range(3, 7)) if n < most]
+    return sizes + [most]
+
+
+def _measure_scale(uri: str, db_name: str, most: int, samples: int, seed: int) -> dict[str, Any]:
+    """Hit latency as the cache fills with small entries: at each size, hits
+    of documents drawn from the admitted ones, interleaved with decoding the
+    same bytes. The entries are admitted by real misses (16 threads)."""
+    rng = random.Random(seed)
+    with pymongo.MongoClient(uri, maxPoolSize=32) as client:
+        coll = client[db_name]["small"]
+        raws = [bson.encode({"_id": i, "n": i, "s": f"v{i:07d}"}) for i in range(most)]
+        kit.progress(f"scale: inserting {most} small documents...")
+        kit.insert_raw(coll, raws, batch=10_000)
+        codec = coll.codec_options
+        # Room for every entry with the table at most half full.
+        slots = max(1024, 1 << (2 * most - 1).bit_length())
+        sizes: dict[str, Any] = {}
+        with CacheManager(client, budget_bytes=min(0xF0000000, 512 * most + 64 * 2**20), slot_count=slots) as manager:
+            view = manager[db_name]["small"]
+            kit.register(manager, view, db_name, 30, label="scale: ")
+            filled = 0
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                for size in _scale_sizes(most):
+                    kit.progress(f"scale: admitting documents {filled}..{size - 1}...")
+                    for _ in pool.map(lambda i: view.find_one({"_id": i}), range(filled, size), chunksize=256):
+                        pass
+                    filled = size
+                    if manager.snapshot().entries < size:
+                        raise kit.BenchmarkFailed(f"scale: {manager.snapshot().entries} entries for {size} documents")
+                    order = [rng.randrange(size) for _ in range(samples)]
+                    kit.warm_ready(manager, _by_id(view, [{"_id": i} for i in order[:1000]]), 60)
+                    expected = {i: bson.decode(raws[i], codec) for i in order}
+                    by_id = {i: raws[i] for i in order}
+                    before = manager.snapshot()
+                    times, mismatches = _interleave(coll, {"hit": view}, order, expected, by_id, seed + size, "", direct=False)
+                    counts = kit.counted(before, manager.snapshot())
+                    _verify(f"scale {size}: ", mismatches, counts["hits"], counts["misses"], samples)
+                    sizes[str(size)] = {name: kit.summarize(t) for name, t in times.items()} | {
+                        "entries": manager.snapshot().entries
+                    }
+    first, last = sizes[str(_scale_sizes(most)[0])], sizes[str(most)]
+    return {
+        "sizes": sizes,
+        "hit_p50_last_over_first": last["hit"]["p50_us"] / first["hit"]["p50_us"],
+        "decode_p50_last_over_first": last["decode"]["p50_us"] / first["decode"]["p50_us"],
+    }
+
+
+def _run(uri: str, docs: int, samples: int, seed: int, shared: bool, scale: int) -> dict[str, Any]:
     kit.progress(f"measuring {samples} samples...")
     rng = random.Random(seed)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
@@ -232,13 +291,17 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
         if shared:
             kit.progress("measuring the shared cache...")
             times |= _measure_shared(uri, db_name, expected, raw_by_id, order, seed + 2)
+        scaled = _measure_scale(uri, db_name, scale, min(samples, 5000), seed + 3) if scale else None
     finally:
         client.drop_database(db_name)
         client.close()
     results = {name: kit.summarize(t) for name, t in times.items()}
+    ratios = {name: results[a][q] / results[b][q] for name, (a, b, q) in RATIOS.items() if a in results}
+    if scaled:
+        ratios[f"scale_hit_{scale}_over_1000_entries_p50"] = scaled["hit_p50_last_over_first"]
     return {
         "schema": SCHEMA,
-        "method": METHOD | ({"shared": SHARED_METHOD} if shared else {}),
+        "method": METHOD | ({"shared": SHARED_METHOD} if shared else {}) | ({"scale": SCALE_METHOD} if scale else {}),
         "config": {
             "documents": docs,
             "samples": samples,
@@ -251,10 +314,12 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool) -> dict[str
         "machine": kit.machine_facts(),
         "setup_seconds": setup_seconds,
         "results": results,
-        "ratios": {name: results[a][q] / results[b][q] for name, (a, b, q) in RATIOS.items() if a in results},
-        "costs_us": {name: results[a]["p50_us"] - results[b]["p50_us"] for name, (a, b) in COSTS.items() if a in results},
+        "ratios": ratios,
+        "costs_us": {
+            name: results[a]["p50_us"] - results[b]["p50_us"] for name, (a, b) in COSTS.items() if a in results
+        },
         "verification": verification,
-    }
+    } | ({"scale": scaled} if scaled else {})
 
 
 #: The printed ratios: (label, ratio, cost printed next to it).
@@ -281,6 +346,16 @@ def _print(report: dict[str, Any]) -> None:
         if ratio in ratios:
             extra = f"  (the cache's own cost: {costs[cost]:+.2f} us)" if cost else ""
             print(f"{label}: {ratios[ratio]:.4g}{extra}")
+    if "scale" in report:
+        print("scale: hits as the cache fills with small entries (no direct reads between)")
+        rows = [
+            (size, r["entries"], r["decode"]["p50_us"], r["hit"]["p50_us"], r["hit"]["p99_us"])
+            for size, r in report["scale"]["sizes"].items()
+        ]
+        columns = [("documents", "<10"), ("entries", ">9"), ("decode p50", ">11.2f")]
+        kit.table(columns + [("hit p50", ">9.2f"), ("hit p99", ">9.2f")], rows)
+        name = next(k for k in ratios if k.startswith("scale_"))
+        print(f"{name}: {ratios[name]:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,9 +364,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--shared", action="store_true", help="also measure a shared-cache hit (starts an owner)")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        nargs="?",
+        const=1_000_000,
+        default=0,
+        metavar="ENTRIES",
+        help="also measure hits as the cache fills with small entries, from 1,000 to ENTRIES (default 1,000,000)",
+    )
     args = parser.parse_args(argv)
+    if args.scale and args.scale < 1000:
+        parser.error("--scale needs at least 1000 entries")
     samples = args.samples or (2000 if args.quick else 20000)
-    report = kit.with_server(lambda uri: _run(uri, args.documents, samples, args.seed, args.shared))
+    report = kit.with_server(lambda uri: _run(uri, args.documents, samples, args.seed, args.shared, args.scale))
     if report is None:
         return 1
     report["mode"] = "quick" if args.quick else "full"
