@@ -43,6 +43,8 @@ MiB = 1024 * 1024
 BEHIND = "stream_behind"
 DIGEST_BYTES = 16
 MAX_EXAMPLES = 5
+#: The time of what never happened (a lost write's operationTime and acknowledgement).
+NEVER = (1 << 63) - 1
 #: The owner's geometry of DESIGN.md's benchmark.
 OWNER_GEOMETRY = {"arena_bytes": 40 * MiB, "budget_bytes": 32 * MiB, "slots": 16384}
 
@@ -260,6 +262,69 @@ async def registered(manager: Any, coll: Any, db: str, timeout: float, *, label:
 def register(manager: Any, coll: Any, db: str, timeout: float, *, label: str = "") -> None:
     """``registered`` for the sync API."""
     asyncio.run(registered(manager, coll, db, timeout, label=label))
+
+
+# -- writes ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    """An update of a document to a version, as the oracle (``benchmarks._oracle``) judges reads against it."""
+
+    key: int
+    version: int
+    #: (seconds << 32) | increment of the write's operationTime (0: unknown).
+    optime: int = 0
+    sent_ns: int = 0
+    ack_ns: int = 0
+
+
+def timestamp_int(ts: Any) -> int:
+    """A ``bson.Timestamp`` as one comparable integer."""
+    return (ts.time << 32) | ts.inc
+
+
+class Writer:
+    """The writer of the checked harnesses: each ``write`` sets a random
+    document of ``keys`` to its next ``version`` (and its ``stamp``,
+    "key:version", if ``stamp``), in the session given, and records it with
+    its operationTime in ``acked``; with ``keep_lost`` a write whose reply
+    was lost (a PyMongo error) goes to ``lost`` instead, never acknowledged:
+    its version may appear, never required."""
+
+    def __init__(self, coll: Any, keys: Sequence[int], seed: Any, *, first: int = 0, stamp: bool = False) -> None:
+        self.coll, self.keys, self.rng, self.stamp = coll, keys, random.Random(seed), stamp
+        self.versions = dict.fromkeys(keys, first)
+        self.acked: list[Write] = []
+        self.lost: list[Write] = []
+
+    def write(self, session: Any, keep_lost: bool = False) -> None:
+        k = self.rng.choice(self.keys)
+        v = self.versions[k] = self.versions[k] + 1
+        update = {"version": v, "stamp": f"{k}:{v}"} if self.stamp else {"version": v}
+        sent = time.monotonic_ns()
+        try:
+            self.coll.update_one({"_id": k}, {"$set": update}, session=session)
+        except pymongo.errors.PyMongoError:
+            if not keep_lost:
+                raise
+            self.lost.append(Write(k, v, NEVER, sent, NEVER))
+            return
+        if session.operation_time is None:
+            raise BenchmarkFailed("the server returned no operationTime for a write")
+        self.acked.append(Write(k, v, timestamp_int(session.operation_time), sent, time.monotonic_ns()))
+
+    def run(self, stop: Any, interval: float, count: int | None = None, counter: Any = None) -> list[Write]:
+        """Write every ``interval`` seconds, in one session, until ``stop``
+        is set (or ``count`` writes), counting them in ``counter.value``."""
+        with self.coll.database.client.start_session(causal_consistency=False) as session:
+            while not stop.is_set() and (count is None or len(self.acked) < count):
+                self.write(session)
+                if counter is not None:
+                    counter.value += 1
+                if interval:
+                    stop.wait(interval)
+        return self.acked
 
 
 # -- progress, options, reports ---------------------------------------------------

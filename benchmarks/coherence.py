@@ -17,6 +17,7 @@ import functools
 import random
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ import pymongo
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
 from ._oracle import (
-    AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge, timestamp_int,
+    AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge,
 )
 
 SCHEMA = "cqc.coherence/2"
@@ -124,7 +125,7 @@ class _Reads:
 
     def wrote(self, write: Write) -> None:
         self.writes.append(write)
-        self.top[write.doc] = max(self.top[write.doc], write.version)
+        self.top[write.key] = max(self.top[write.key], write.version)
 
     def _versions(self, kind: int, target: int, got: Any, floor: int) -> list[tuple[int, int, int]] | None:
         """(document, version, bound) of each document a read returned, or
@@ -323,34 +324,15 @@ def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
 # -- Writers ---------------------------------------------------------------------
 
 
-def _writer(coll: Any, docs: Sequence[int], count: int, interval: float, seed: str) -> list[Write]:
-    """``count`` updates of ``docs``, each a version higher than its document's last, in one session."""
-    rng = random.Random(seed)
-    versions = dict.fromkeys(docs, 0)
-    out = []
-    with coll.database.client.start_session(causal_consistency=False) as session:
-        for _ in range(count):
-            k = rng.choice(docs)
-            v = versions[k] + 1
-            sent = time.monotonic_ns()
-            coll.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
-            ack = time.monotonic_ns()
-            if session.operation_time is None:
-                raise BenchmarkFailed("the server returned no operationTime for a write")
-            versions[k] = v
-            out.append(Write(k, v, timestamp_int(session.operation_time), sent, ack))
-            if interval:
-                time.sleep(interval)
-    return out
-
-
 def write_all(coll: Any, *, writers: int, documents: int, writes: int, interval: float, seed: str) -> list[Write]:
-    """``writes`` updates split over ``writers`` threads, each owning the
-    documents ``k`` with ``k % writers == its index``."""
+    """``writes`` updates (``kit.Writer``, version and stamp) split over
+    ``writers`` threads, each owning the documents ``k`` with ``k % writers
+    == its index`` and writing in one session."""
 
     def one(w: int) -> list[Write]:
         share = writes // writers + (1 if w < writes % writers else 0)
-        return _writer(coll, range(w, documents, writers), share, interval, f"{seed}/w{w}")
+        writer = kit.Writer(coll, range(w, documents, writers), f"{seed}/w{w}", stamp=True)
+        return writer.run(threading.Event(), interval, share)
 
     with concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="writer") as threads:
         futures = [threads.submit(one, w) for w in range(writers)]

@@ -26,9 +26,8 @@ import pymongo
 from pymongo.read_concern import ReadConcern
 
 from . import _kit as kit
-from . import _oracle
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status, quantile, summarize
-from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, initial_versions, judge
+from ._oracle import Oracle, Rows, Verdict, Write, WriteTimes, applied_time, initial_versions, judge
 
 SCHEMA = "cqc.workloads/2"
 
@@ -130,19 +129,6 @@ class Expected:
         if kit.digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
             return None, f"content differs from document {key} at version {version}"
         return version, None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Write:
-    key: int
-    version: int
-    sent_ns: int
-    ack_ns: int
-    #: operationTime of the write, (seconds << 32) | increment (0: unknown).
-    optime: int = 0
-
-    def oracle(self) -> _oracle.Write:
-        return _oracle.Write(self.key, self.version, self.optime, self.sent_ns, self.ack_ns)
 
 
 def _documents(count: int, target_bytes: int, seed: str) -> list[bytes]:
@@ -267,7 +253,7 @@ class _Cell:
             self.wrong.append(f"{p} write of {key} at operation {j} matched {result.matched_count} documents")
             return
         self.current[p][key] = version
-        self.writes[p].append(Write(key, version, t0, t1, self.paths.times[p].take(key, version)))
+        self.writes[p].append(Write(key, version, self.paths.times[p].take(key, version), t0, t1))
 
     def run(self, where: str, plan: list[tuple[bool, int]], status: Status) -> tuple[float, dict[str, Any]]:
         """Warm the paths, run the plan interleaved over them (the path order
@@ -305,7 +291,7 @@ class _Cell:
         """One path's figures and judgement: stale (cached paths: the direct
         path has no applied time), monotonic and read-your-writes."""
         reads = len(self.read_ns[p])
-        writes = [w.oracle() for w in self.writes[p]]
+        writes = self.writes[p]
         oracle = None if p == "direct" else Oracle([*initial_versions(len(self.current[p])), *writes])
         verdict = judge(self.rows[p], oracle=oracle, own_writes=writes, label=f"{p}: ")
         entry: dict[str, Any] = {
@@ -509,7 +495,7 @@ def _write_loop(
         ack = clock()
         if result.matched_count != 1:
             raise BenchmarkFailed(f"write {n} matched {result.matched_count} documents")
-        done.append(Write(key, version, sent, ack, times.take(key, version)))
+        done.append(Write(key, version, times.take(key, version), sent, ack))
         if paced and n:
             if between > READS_PER_WRITE * 1.1:
                 pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / READS_PER_WRITE))
@@ -627,7 +613,7 @@ def judge_invalidation(writes: Sequence[Write], results: Sequence[dict[str, Any]
     """Every worker's reads judged by the oracle: stale against the applied
     time, monotonic within the worker (the workers do not write, so there is
     no read-your-writes to judge)."""
-    oracle = Oracle([*initial_versions(keys), *(w.oracle() for w in writes)])
+    oracle = Oracle([*initial_versions(keys), *writes])
     verdict = Verdict()
     for r in results:
         rows = {"docs": r["keys"], **{name: r[name] for name in ("versions", "applied", "starts", "ends")}}
