@@ -113,6 +113,37 @@ def insert_raw(coll: Any, raws: Sequence[bytes], batch: int = 500) -> None:
         coll.insert_many([RawBSONDocument(r) for r in raws[start : start + batch]], ordered=False)
 
 
+class Expected:
+    """What a read of a document at a given version must return: the inserted
+    document with its ``version`` field set to that version, as the
+    collection's codec options decode it (compared by digest of the BSON)."""
+
+    def __init__(self, raws: Sequence[bytes], codec: Any) -> None:
+        self._codec = codec
+        self._base = [bson.decode(raw, codec) for raw in raws]
+        for k, (doc, raw) in enumerate(zip(self._base, raws)):
+            if bson.encode(doc, codec_options=codec) != raw:
+                raise BenchmarkFailed(f"document {k} does not survive a decode/encode round trip")
+        self._digests: dict[tuple[int, int], bytes] = {}
+
+    def digest(self, key: int, version: int) -> bytes:
+        if (key, version) not in self._digests:
+            doc = {**self._base[key], "version": version}
+            self._digests[key, version] = digest(bson.encode(doc, codec_options=self._codec))
+        return self._digests[key, version]
+
+    def check(self, got: Any) -> tuple[int, int] | str:
+        """(document, version) of a read result, or why it is wrong."""
+        if got is None:
+            return "no document"
+        key, version = got.get("_id"), got.get("version")
+        if type(key) is not int or not 0 <= key < len(self._base) or type(version) is not int:
+            return f"_id {key!r}, version {version!r}"
+        if digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
+            return f"content differs from document {key} at version {version}"
+        return key, version
+
+
 # -- quantiles, counters, managers -----------------------------------------------
 
 
@@ -612,6 +643,14 @@ def stop_owner(owner: Any, timeout: float | None = None) -> None:
 
         if not process_alive(owner.pid):
             paths_for(owner.name)["lock"].unlink()
+
+
+def checked_owner(uri: str, prefix: str, **options: Any) -> contextlib.AbstractContextManager[Any]:
+    """``owned``: an owner of DESIGN.md's geometry (``options`` change it)
+    whose streams wait up to 1 s per getMore, and that exits a minute after
+    its last worker detached if its harness died without stopping it."""
+    geometry = {**OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0, **options}
+    return owned(new_name(prefix), uri, **geometry)
 
 
 @contextlib.contextmanager

@@ -246,5 +246,15 @@ def judge(
     return Verdict(*counts, tuple(examples))
 
 
+def judge_all(results: Iterable[dict[str, Any]], oracle: Oracle, kind_names: Sequence[str] = ()) -> Verdict:
+    """Every worker's rows (``results``, each with its ``index``) judged by
+    ``judge``, read-your-writes against the worker's own ``writes``; summed."""
+    verdict = Verdict()
+    for r in results:
+        label, own = f"worker {r['index']}: ", r.get("writes", ())
+        verdict += judge(r, oracle=oracle, own_writes=own, label=label, kind_names=kind_names)
+    return verdict
+
+
 def hit_fraction(hits: int, reads: int) -> float:
     return hits / reads if reads else 0.0
