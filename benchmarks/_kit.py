@@ -132,13 +132,16 @@ class Expected:
             self._digests[key, version] = digest(bson.encode(doc, codec_options=self._codec))
         return self._digests[key, version]
 
-    def check(self, got: Any) -> tuple[int, int] | str:
-        """(document, version) of a read result, or why it is wrong."""
+    def check(self, got: Any, want: int | None = None) -> tuple[int, int] | str:
+        """(document, version) of a read result (of document ``want``, if
+        given), or why it is wrong."""
         if got is None:
             return "no document"
         key, version = got.get("_id"), got.get("version")
-        if type(key) is not int or not 0 <= key < len(self._base) or type(version) is not int:
-            return f"_id {key!r}, version {version!r}"
+        if type(key) is not int or not 0 <= key < len(self._base) or want not in (None, key):
+            return f"_id {key!r}"
+        if type(version) is not int:
+            return f"version {version!r}"
         if digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
             return f"content differs from document {key} at version {version}"
         return key, version
@@ -177,19 +180,14 @@ def in_ms(samples_ns: Sequence[int]) -> dict[str, float]:
     return out
 
 
-def bypass_split(before: Any, after: Any) -> tuple[int, int]:
-    """Between two snapshots: (bypasses for any reason but the causal floor,
-    bypasses for the causal floor)."""
-    behind = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
-    return after.bypass_total - before.bypass_total - behind, behind
-
-
 def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) -> dict[str, int]:
     """What a manager counted between two snapshots: each of ``names``, then
-    its bypasses as ``bypass_split`` splits them, ``bypasses`` (any reason
-    but the causal floor) and ``behind`` (the causal floor)."""
+    its bypasses, split: ``behind``, the reads that went to MongoDB because
+    the stream had not yet applied what the process had seen (the causal
+    floor), and ``bypasses``, for any other reason."""
     out = {name: getattr(after, name) - getattr(before, name) for name in names}
-    out["bypasses"], out["behind"] = bypass_split(before, after)
+    out["behind"] = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
+    out["bypasses"] = after.bypass_total - before.bypass_total - out["behind"]
     return out
 
 
@@ -211,11 +209,6 @@ async def warmed(manager: Any, reads: Sequence[Callable[[], Any]], timeout: floa
         if time.monotonic() > deadline:
             return 0
         await asyncio.sleep(pause)
-
-
-def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
-    """``warmed`` for the sync API."""
-    return asyncio.run(warmed(manager, reads, timeout, pause))
 
 
 async def warmed_ready(
@@ -250,12 +243,6 @@ def wait_until(condition: Callable[[], Any], timeout: float, pause: float = 0.01
     return None
 
 
-def manager_for(cls: Any, client: Any, shared: str | None, **local: Any) -> Any:
-    """A ``CacheManager``/``AsyncCacheManager``: attached to the owner
-    ``shared``, or process-local with ``local``'s options."""
-    return cls(client, shared=shared) if shared else cls(client, **local)
-
-
 async def resolved(value: Any) -> Any:
     """``value``, awaited if the API that returned it is async: one worker body for both APIs."""
     return await value if asyncio.iscoroutine(value) else value
@@ -266,15 +253,16 @@ async def worker_client(
     uri: str, is_async: bool, shared: str | None, *, cached: bool = True, listeners: Sequence[Any] = (), **local: Any
 ) -> AsyncIterator[tuple[Any, Any]]:
     """A worker's ``MongoClient`` (``AsyncMongoClient`` if ``is_async``) with the command
-    ``listeners``, and its cache manager (``manager_for``; None unless ``cached``); both are
-    closed when the block ends."""
+    ``listeners``, and its cache manager (None unless ``cached``): attached to the owner ``shared``, or
+    process-local with ``local``'s options; both are closed when the block ends."""
     import client_query_cache as cqc
 
     client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(uri, event_listeners=list(listeners))
     manager: Any = None
     try:
         if cached:
-            manager = manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared, **local)
+            cls = cqc.AsyncCacheManager if is_async else cqc.CacheManager
+            manager = cls(client, shared=shared) if shared else cls(client, **local)
         yield client, manager
     finally:
         if manager is not None:

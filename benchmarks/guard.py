@@ -6,6 +6,7 @@ Reference: docs/benchmarks.md, "Harness reference", `benchmarks.guard`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import enum
@@ -360,7 +361,7 @@ def _cache(b: BlockContext, coll: str, admit: Sequence[int], expected: dict[int,
         cached = manager[b.db_name][coll]
         if not manager.wait_ready(30, b.db_name):
             raise RuntimeError(f"the change stream of {b.db_name} did not become ready within 30 s")
-        if not kit.warm_until_hits(manager, [functools.partial(read, i) for i in admit], 60, pause=0):
+        if not asyncio.run(kit.warmed(manager, [functools.partial(read, i) for i in admit], 60, pause=0)):
             raise RuntimeError("warm-up reads were still not all hits after 60 s")
         yield manager, cached
 

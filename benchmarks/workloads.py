@@ -189,10 +189,8 @@ class _Cell:
         got = self.readers[p].find_one({"_id": key})
         t1 = clock()
         self.read_ns[p].append(t1 - t0)
-        checked = self.expected.check(got)
-        if not isinstance(checked, str) and checked != (key, checked[1]):
-            checked = f"document {checked[0]} instead"
-        elif not isinstance(checked, str) and checked[1] > self.current[p][key]:
+        checked = self.expected.check(got, key)
+        if not isinstance(checked, str) and checked[1] > self.current[p][key]:
             checked = f"version {checked[1]} is newer than the last write ({self.current[p][key]})"
         if isinstance(checked, str):
             self.wrong.append(f"{p} read of {key} at operation {j}: {checked}")
