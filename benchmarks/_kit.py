@@ -1,7 +1,7 @@
 """The benchmarks' kit: documents, quantiles, reports, options, and every process a harness starts.
 
 Only this module starts processes: the disposable server (``server``), shared-cache owners
-(``start_owner``, ``owned``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
+(``start_owner``, ``owned``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``run_to_end``).
 Reference: docs/benchmarks.md, "Harness reference".
 """
 
@@ -678,26 +678,40 @@ def context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def run_command(cmd: Sequence[str], **options: Any) -> subprocess.CompletedProcess[Any]:
-    return subprocess.run(list(cmd), **options)
+def run_command(cmd: Sequence[str], timeout: float | None = None, **options: Any) -> Any:
+    """``cmd`` run to its end, stdin closed and its output captured
+    (``options`` change that); None if it ran longer than ``timeout`` seconds."""
+    std = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    try:
+        return subprocess.run(list(cmd), timeout=timeout, **{**std, **options})
+    except subprocess.TimeoutExpired:
+        return None
 
 
-def popen(cmd: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(cmd), **options)
+def run_to_end(cmds: dict[str, tuple[Sequence[str], dict[str, Any]]], timeout: float) -> dict[str, Any]:
+    """Run the commands of ``cmds`` (by name: the command and its Popen
+    options) at once, stdin closed and stderr merged into stdout; by name,
+    each one's (exit status, output), killed after ``timeout`` seconds."""
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    procs = {name: subprocess.Popen(list(cmd), **pipes, **options) for name, (cmd, options) in cmds.items()}
+    out = {}
+    for name, proc in procs.items():
+        try:
+            output = proc.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        out[name] = (proc.returncode, output)
+    return out
 
 
 def checkout() -> str | None:
     """The short commit of this checkout, ``+dirty`` with uncommitted changes."""
     root = str(Path(__file__).resolve().parent.parent)
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        rev = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
-        if rev.returncode == 0:
+    with contextlib.suppress(OSError):
+        rev = run_command(["git", "-C", root, "rev-parse", "--short", "HEAD"], 10, text=True)
+        dirty = run_command(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], 10, text=True)
+        if rev is not None and dirty is not None and rev.returncode == 0:
             return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     return None
 
