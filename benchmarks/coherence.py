@@ -157,6 +157,8 @@ class Reads:
         self.top[write.key] = max(self.top[write.key], write.version)
 
     def _checked(self, kind: int, doc: Any) -> tuple[int, int] | str:
+        """(document, version) of one returned document (a distinct's is a
+        stamp, an aggregate's has only ``_id`` and ``version``), or why it is wrong."""
         if kind == DISTINCT:
             return _stamp(doc)
         if kind != AGGREGATE:
@@ -177,8 +179,10 @@ class Reads:
             return [(target, floor, AT_LEAST) if got else (target, floor - 1, AT_MOST)]
         if kind == GROUP_COUNT and type(got) is int:
             return [(target, got, EXACT)]
-        if kind in (COUNT, GROUP_COUNT):
-            return self.bad(f"{what} (version >= {floor}) returned {got!r:.40}")
+        if kind == COUNT:
+            return self.bad(f"{what} at version >= {floor} returned {got!r:.40}")
+        if kind == GROUP_COUNT:
+            return self.bad(f"{what} returned {got!r:.80}")
         out = []
         for doc in got if kind in GROUPED else [] if got is None else [got]:
             checked = self._checked(kind, doc)
