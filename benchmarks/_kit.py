@@ -1,7 +1,7 @@
 """The benchmarks' kit: documents, quantiles, reports, options, and every process a harness starts.
 
 Only this module starts processes: the disposable server (``server``), shared-cache owners
-(``start_owner``, ``owned``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``popen``).
+(``start_owner``, ``owned``), spawned workers (``Pool``, ``spawn``) and commands (``run_command``, ``run_to_end``).
 Reference: docs/benchmarks.md, "Harness reference".
 """
 
@@ -43,6 +43,8 @@ MiB = 1024 * 1024
 BEHIND = "stream_behind"
 DIGEST_BYTES = 16
 MAX_EXAMPLES = 5
+#: The time of what never happened (a lost write's operationTime and acknowledgement).
+NEVER = (1 << 63) - 1
 #: The owner's geometry of DESIGN.md's benchmark.
 OWNER_GEOMETRY = {"arena_bytes": 40 * MiB, "budget_bytes": 32 * MiB, "slots": 16384}
 
@@ -111,6 +113,40 @@ def insert_raw(coll: Any, raws: Sequence[bytes], batch: int = 500) -> None:
         coll.insert_many([RawBSONDocument(r) for r in raws[start : start + batch]], ordered=False)
 
 
+class Expected:
+    """What a read of a document at a given version must return: the inserted
+    document with its ``version`` field set to that version, as the
+    collection's codec options decode it (compared by digest of the BSON)."""
+
+    def __init__(self, raws: Sequence[bytes], codec: Any) -> None:
+        self._codec = codec
+        self._base = [bson.decode(raw, codec) for raw in raws]
+        for k, (doc, raw) in enumerate(zip(self._base, raws)):
+            if bson.encode(doc, codec_options=codec) != raw:
+                raise BenchmarkFailed(f"document {k} does not survive a decode/encode round trip")
+        self._digests: dict[tuple[int, int], bytes] = {}
+
+    def digest(self, key: int, version: int) -> bytes:
+        if (key, version) not in self._digests:
+            doc = {**self._base[key], "version": version}
+            self._digests[key, version] = digest(bson.encode(doc, codec_options=self._codec))
+        return self._digests[key, version]
+
+    def check(self, got: Any, want: int | None = None) -> tuple[int, int] | str:
+        """(document, version) of a read result (of document ``want``, if
+        given), or why it is wrong."""
+        if got is None:
+            return "no document"
+        key, version = got.get("_id"), got.get("version")
+        if type(key) is not int or not 0 <= key < len(self._base) or want not in (None, key):
+            return f"_id {key!r}"
+        if type(version) is not int:
+            return f"version {version!r}"
+        if digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
+            return f"content differs from document {key} at version {version}"
+        return key, version
+
+
 # -- quantiles, counters, managers -----------------------------------------------
 
 
@@ -144,19 +180,14 @@ def in_ms(samples_ns: Sequence[int]) -> dict[str, float]:
     return out
 
 
-def bypass_split(before: Any, after: Any) -> tuple[int, int]:
-    """Between two snapshots: (bypasses for any reason but the causal floor,
-    bypasses for the causal floor)."""
-    behind = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
-    return after.bypass_total - before.bypass_total - behind, behind
-
-
 def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) -> dict[str, int]:
     """What a manager counted between two snapshots: each of ``names``, then
-    its bypasses as ``bypass_split`` splits them, ``bypasses`` (any reason
-    but the causal floor) and ``behind`` (the causal floor)."""
+    its bypasses, split: ``behind``, the reads that went to MongoDB because
+    the stream had not yet applied what the process had seen (the causal
+    floor), and ``bypasses``, for any other reason."""
     out = {name: getattr(after, name) - getattr(before, name) for name in names}
-    out["bypasses"], out["behind"] = bypass_split(before, after)
+    out["behind"] = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
+    out["bypasses"] = after.bypass_total - before.bypass_total - out["behind"]
     return out
 
 
@@ -178,11 +209,6 @@ async def warmed(manager: Any, reads: Sequence[Callable[[], Any]], timeout: floa
         if time.monotonic() > deadline:
             return 0
         await asyncio.sleep(pause)
-
-
-def warm_until_hits(manager: Any, reads: Sequence[Callable[[], Any]], timeout: float, pause: float = 0.1) -> int:
-    """``warmed`` for the sync API."""
-    return asyncio.run(warmed(manager, reads, timeout, pause))
 
 
 async def warmed_ready(
@@ -217,12 +243,6 @@ def wait_until(condition: Callable[[], Any], timeout: float, pause: float = 0.01
     return None
 
 
-def manager_for(cls: Any, client: Any, shared: str | None, **local: Any) -> Any:
-    """A ``CacheManager``/``AsyncCacheManager``: attached to the owner
-    ``shared``, or process-local with ``local``'s options."""
-    return cls(client, shared=shared) if shared else cls(client, **local)
-
-
 async def resolved(value: Any) -> Any:
     """``value``, awaited if the API that returned it is async: one worker body for both APIs."""
     return await value if asyncio.iscoroutine(value) else value
@@ -233,15 +253,16 @@ async def worker_client(
     uri: str, is_async: bool, shared: str | None, *, cached: bool = True, listeners: Sequence[Any] = (), **local: Any
 ) -> AsyncIterator[tuple[Any, Any]]:
     """A worker's ``MongoClient`` (``AsyncMongoClient`` if ``is_async``) with the command
-    ``listeners``, and its cache manager (``manager_for``; None unless ``cached``); both are
-    closed when the block ends."""
+    ``listeners``, and its cache manager (None unless ``cached``): attached to the owner ``shared``, or
+    process-local with ``local``'s options; both are closed when the block ends."""
     import client_query_cache as cqc
 
     client = (pymongo.AsyncMongoClient if is_async else pymongo.MongoClient)(uri, event_listeners=list(listeners))
     manager: Any = None
     try:
         if cached:
-            manager = manager_for(cqc.AsyncCacheManager if is_async else cqc.CacheManager, client, shared, **local)
+            cls = cqc.AsyncCacheManager if is_async else cqc.CacheManager
+            manager = cls(client, shared=shared) if shared else cls(client, **local)
         yield client, manager
     finally:
         if manager is not None:
@@ -260,6 +281,69 @@ async def registered(manager: Any, coll: Any, db: str, timeout: float, *, label:
 def register(manager: Any, coll: Any, db: str, timeout: float, *, label: str = "") -> None:
     """``registered`` for the sync API."""
     asyncio.run(registered(manager, coll, db, timeout, label=label))
+
+
+# -- writes ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    """An update of a document to a version, as the oracle (``benchmarks._oracle``) judges reads against it."""
+
+    key: int
+    version: int
+    #: (seconds << 32) | increment of the write's operationTime (0: unknown).
+    optime: int = 0
+    sent_ns: int = 0
+    ack_ns: int = 0
+
+
+def timestamp_int(ts: Any) -> int:
+    """A ``bson.Timestamp`` as one comparable integer."""
+    return (ts.time << 32) | ts.inc
+
+
+class Writer:
+    """The writer of the checked harnesses: each ``write`` sets a random
+    document of ``keys`` to its next ``version`` (and its ``stamp``,
+    "key:version", if ``stamp``), in the session given, and records it with
+    its operationTime in ``acked``; with ``keep_lost`` a write whose reply
+    was lost (a PyMongo error) goes to ``lost`` instead, never acknowledged:
+    its version may appear, never required."""
+
+    def __init__(self, coll: Any, keys: Sequence[int], seed: Any, *, first: int = 0, stamp: bool = False) -> None:
+        self.coll, self.keys, self.rng, self.stamp = coll, keys, random.Random(seed), stamp
+        self.versions = dict.fromkeys(keys, first)
+        self.acked: list[Write] = []
+        self.lost: list[Write] = []
+
+    def write(self, session: Any, keep_lost: bool = False) -> None:
+        k = self.rng.choice(self.keys)
+        v = self.versions[k] = self.versions[k] + 1
+        update = {"version": v, "stamp": f"{k}:{v}"} if self.stamp else {"version": v}
+        sent = time.monotonic_ns()
+        try:
+            self.coll.update_one({"_id": k}, {"$set": update}, session=session)
+        except pymongo.errors.PyMongoError:
+            if not keep_lost:
+                raise
+            self.lost.append(Write(k, v, NEVER, sent, NEVER))
+            return
+        if session.operation_time is None:
+            raise BenchmarkFailed("the server returned no operationTime for a write")
+        self.acked.append(Write(k, v, timestamp_int(session.operation_time), sent, time.monotonic_ns()))
+
+    def run(self, stop: Any, interval: float, count: int | None = None, counter: Any = None) -> list[Write]:
+        """Write every ``interval`` seconds, in one session, until ``stop``
+        is set (or ``count`` writes), counting them in ``counter.value``."""
+        with self.coll.database.client.start_session(causal_consistency=False) as session:
+            while not stop.is_set() and (count is None or len(self.acked) < count):
+                self.write(session)
+                if counter is not None:
+                    counter.value += 1
+                if interval:
+                    stop.wait(interval)
+        return self.acked
 
 
 # -- progress, options, reports ---------------------------------------------------
@@ -549,6 +633,14 @@ def stop_owner(owner: Any, timeout: float | None = None) -> None:
             paths_for(owner.name)["lock"].unlink()
 
 
+def checked_owner(uri: str, prefix: str, **options: Any) -> contextlib.AbstractContextManager[Any]:
+    """``owned``: an owner of DESIGN.md's geometry (``options`` change it)
+    whose streams wait up to 1 s per getMore, and that exits a minute after
+    its last worker detached if its harness died without stopping it."""
+    geometry = {**OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0, **options}
+    return owned(new_name(prefix), uri, **geometry)
+
+
 @contextlib.contextmanager
 def owned(name: str, uri: str, **options: Any) -> Iterator[Any]:
     """An owner (``start_owner``) while the block runs, stopped (``stop_owner``) when it ends."""
@@ -586,26 +678,40 @@ def context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def run_command(cmd: Sequence[str], **options: Any) -> subprocess.CompletedProcess[Any]:
-    return subprocess.run(list(cmd), **options)
+def run_command(cmd: Sequence[str], timeout: float | None = None, **options: Any) -> Any:
+    """``cmd`` run to its end, stdin closed and its output captured
+    (``options`` change that); None if it ran longer than ``timeout`` seconds."""
+    std = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    try:
+        return subprocess.run(list(cmd), timeout=timeout, **{**std, **options})
+    except subprocess.TimeoutExpired:
+        return None
 
 
-def popen(cmd: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(cmd), **options)
+def run_to_end(cmds: dict[str, tuple[Sequence[str], dict[str, Any]]], timeout: float) -> dict[str, Any]:
+    """Run the commands of ``cmds`` (by name: the command and its Popen
+    options) at once, stdin closed and stderr merged into stdout; by name,
+    each one's (exit status, output), killed after ``timeout`` seconds."""
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    procs = {name: subprocess.Popen(list(cmd), **pipes, **options) for name, (cmd, options) in cmds.items()}
+    out = {}
+    for name, proc in procs.items():
+        try:
+            output = proc.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        out[name] = (proc.returncode, output)
+    return out
 
 
 def checkout() -> str | None:
     """The short commit of this checkout, ``+dirty`` with uncommitted changes."""
     root = str(Path(__file__).resolve().parent.parent)
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        rev = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
-        if rev.returncode == 0:
+    with contextlib.suppress(OSError):
+        rev = run_command(["git", "-C", root, "rev-parse", "--short", "HEAD"], 10, text=True)
+        dirty = run_command(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], 10, text=True)
+        if rev is not None and dirty is not None and rev.returncode == 0:
             return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     return None
 

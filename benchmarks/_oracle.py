@@ -13,38 +13,9 @@ from typing import Any
 
 from pymongo import monitoring
 
-from ._kit import MAX_EXAMPLES
-
-__all__ = [
-    "AT_LEAST",
-    "AT_MOST",
-    "EXACT",
-    "MAX_EXAMPLES",
-    "Oracle",
-    "Rows",
-    "Verdict",
-    "Write",
-    "WriteTimes",
-    "applied_time",
-    "initial_versions",
-    "judge",
-]
+from ._kit import MAX_EXAMPLES, Write, timestamp_int
 
 EXACT, AT_LEAST, AT_MOST = 0, 1, 2
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Write:
-    doc: int
-    version: int
-    optime: int  # (seconds << 32) | increment of the write's operationTime
-    sent_ns: int
-    ack_ns: int
-
-
-def timestamp_int(ts: Any) -> int:
-    """A ``bson.Timestamp`` as one comparable integer."""
-    return (ts.time << 32) | ts.inc
 
 
 def applied_time(manager: Any, db: str) -> int:
@@ -103,7 +74,7 @@ class WriteTimes(monitoring.CommandListener):
 
 def initial_versions(documents: int, version: int = 1) -> list[Write]:
     """Every document's inserted ``version``, as a write at time 0."""
-    return [Write(k, version, 0, 0, 0) for k in range(documents)]
+    return [Write(k, version) for k in range(documents)]
 
 
 # -- Stale: the applied-time oracle ----------------------------------------------
@@ -117,9 +88,9 @@ class Oracle:
         self._versions: dict[int, list[int]] = {}
         self._sent: dict[tuple[int, int], int] = {}
         for w in sorted(writes, key=lambda w: w.optime):
-            self._times.setdefault(w.doc, []).append(w.optime)
-            self._versions.setdefault(w.doc, []).append(w.version)
-            self._sent[(w.doc, w.version)] = w.sent_ns
+            self._times.setdefault(w.key, []).append(w.optime)
+            self._versions.setdefault(w.key, []).append(w.version)
+            self._sent[(w.key, w.version)] = w.sent_ns
 
     def required(self, doc: int, applied: int) -> int:
         """The newest version of ``doc`` written at or before ``applied``."""
@@ -243,7 +214,7 @@ def judge(
     applied, kinds = get("applied"), get("kinds")
     bounds = get("bounds") or array.array("b", bytes(len(docs)))
     seen = _Floors((docs[n], ends[n], versions[n]) for n in range(len(docs)) if bounds[n] != AT_MOST)
-    mine = _Floors((w.doc, w.ack_ns, w.version) for w in own_writes)
+    mine = _Floors((w.key, w.ack_ns, w.version) for w in own_writes)
     counts = [0, 0, 0, 0]
     examples: list[str] = []
 
@@ -273,6 +244,16 @@ def judge(
         if v < written:
             bad(3, f"but this process had written version {written} before it started")
     return Verdict(*counts, tuple(examples))
+
+
+def judge_all(results: Iterable[dict[str, Any]], oracle: Oracle, kind_names: Sequence[str] = ()) -> Verdict:
+    """Every worker's rows (``results``, each with its ``index``) judged by
+    ``judge``, read-your-writes against the worker's own ``writes``; summed."""
+    verdict = Verdict()
+    for r in results:
+        label, own = f"worker {r['index']}: ", r.get("writes", ())
+        verdict += judge(r, oracle=oracle, own_writes=own, label=label, kind_names=kind_names)
+    return verdict
 
 
 def hit_fraction(hits: int, reads: int) -> float:

@@ -17,29 +17,35 @@ import functools
 import random
 import secrets
 import sys
+import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import pymongo
 
 from . import _kit as kit
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
-from ._oracle import (
-    AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge, timestamp_int,
-)
+from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge_all
 
 SCHEMA = "cqc.coherence/2"
 PATHS = ("shared", "local")
 APIS = ("sync", "async")
-#: Read kinds (a row's ``kinds`` value indexes this; ``soak`` uses 0-2 too).
-KIND_NAMES = ("id", "key", "group", "distinct", "count")
-ID, KEY, GROUP, DISTINCT, COUNT = range(len(KIND_NAMES))
+#: Read kinds: a row's ``kinds`` value indexes this. The soak
+#: (``benchmarks.soak``) reads the first five, and calls group "find" and
+#: group count "count"; this harness the weighted ones below.
+KIND_NAMES = ("id", "key", "group", "aggregate", "group count", "distinct", "count")
+ID, KEY, GROUP, AGGREGATE, GROUP_COUNT, DISTINCT, COUNT = range(len(KIND_NAMES))
+#: The kinds whose target is a group (the others': a document).
+GROUPED = (GROUP, AGGREGATE, GROUP_COUNT, DISTINCT)
+#: A row's version when a read found the document absent (where documents
+#: are deleted: the soak's).
+ABSENT = -1
 #: How often each kind is chosen: the non-identity reads (group, distinct,
 #: count) are invalidated by every write of the collection, so they mostly
 #: miss under the writes; a miss right before a hit of an older entry is
 #: what breaks monotonic reads.
-KIND_WEIGHTS = (50, 30, 8, 6, 6)
+KIND_WEIGHTS = {ID: 50, KEY: 30, GROUP: 8, DISTINCT: 6, COUNT: 6}
 #: A planned operation that is a worker's write of its own document.
 WRITE = -1
 #: Documents each worker writes itself, and the share of a task's
@@ -56,9 +62,8 @@ VIOLATIONS = ("stale_reads", "monotonic_violations", "read_your_writes_violation
 ASYNC_TASKS = 2
 #: Reads after a worker has seen the last write applied.
 TAIL_NS = 100_000_000
-LOCAL_BUDGET_BYTES = 8 * 1024 * 1024
+LOCAL = {"budget_bytes": 8 * 1024 * 1024, "max_await_time_ms": 200}
 PAD_BYTES = 512
-MAX_AWAIT_MS = 200
 
 FULL = {"workers": 4, "writes": 600, "documents": 12, "groups": 3}
 QUICK = {"workers": 2, "writes": 60, "documents": 6, "groups": 2}
@@ -95,75 +100,119 @@ def check_document(doc: Any, groups: int, pad_bytes: int) -> tuple[int, int] | s
     return k, version
 
 
-# -- Workers ---------------------------------------------------------------------
+# -- Checked reads ---------------------------------------------------------------
+#
+# What a reader reads and how each result is checked and recorded: this
+# harness's readers, the invalidation workers of ``benchmarks.workloads``
+# (by ``_id`` only, their documents checked by ``kit.Expected``) and the
+# soak's workers (``benchmarks.soak``, whose rows go to a file).
 
 
-class _Reads:
-    """A worker process's records (all its tasks together): one row per
-    returned document, its own writes, the applied-time transitions it saw,
-    the highest version of each document it has seen (read or written: the
-    floor of its ``count`` reads), the wrong results (with examples), and
-    whether it stopped at the run limit, before the last write was seen."""
+def read(coll: Any, kind: int, target: int, floor: int = 0) -> Any:
+    """A read of ``kind`` (a coroutine for an async collection; aggregate is
+    sync only) of a document, or of a group for the ``GROUPED`` kinds."""
+    if kind == ID:
+        return coll.find_one({"_id": target})
+    if kind == KEY:
+        return coll.find_one({"key": f"k{target}"})
+    if kind == GROUP:
+        return coll.find({"group": target}).to_list()
+    if kind == AGGREGATE:
+        pipeline = [{"$match": {"group": target}}, {"$sort": {"_id": 1}}, {"$project": {"_id": 1, "version": 1}}]
+        return list(coll.aggregate(pipeline))
+    if kind == DISTINCT:
+        return coll.distinct("stamp", {"group": target})
+    if kind == GROUP_COUNT:
+        return coll.count_documents({"group": target})
+    return coll.count_documents({"_id": target, "version": {"$gte": floor}})
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = spec
-        self.rows = Rows()
+
+class Reads:
+    """A process's checked reads (all its tasks together): one row per
+    document a read returned, to ``rows`` (a ``Rows``, or anything with its
+    ``add``), its own writes, the highest version of each document it has
+    seen (read or written: the floor of its ``count`` reads), the wrong
+    results (with examples), and whether it stopped before it saw the
+    parent's last write. ``check`` gives (document, version) of a returned
+    document, or why it is wrong (default: ``check_document``)."""
+
+    def __init__(self, spec: dict[str, Any], rows: Any = None, check: Callable[[Any], Any] | None = None) -> None:
+        self.spec, self.rows = spec, Rows() if rows is None else rows
+        groups, pad = spec.get("groups", 0), spec.get("pad_bytes", PAD_BYTES)
+        self.check = check or functools.partial(check_document, groups=groups, pad_bytes=pad)
         self.writes: list[Write] = []
-        self.seen_ts, self.seen_at = array.array("q"), array.array("q")
         self.reads = self.wrong = 0
         self.examples: list[str] = []
         self.unfinished = False
         self.top = [0] * spec["total"]
-        groups = spec["groups"]
-        self.group_members = [[k for k in range(spec["total"]) if k % groups == g] for g in range(groups)]
+        self.members = [list(range(g, spec["total"], groups)) for g in range(groups)]
 
-    def _bad(self, why: str) -> None:
+    def bad(self, why: str) -> None:
         self.wrong += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(why)
 
     def wrote(self, write: Write) -> None:
         self.writes.append(write)
-        self.top[write.doc] = max(self.top[write.doc], write.version)
+        self.top[write.key] = max(self.top[write.key], write.version)
+
+    def _checked(self, kind: int, doc: Any) -> tuple[int, int] | str:
+        """(document, version) of one returned document (a distinct's is a
+        stamp, an aggregate's has only ``_id`` and ``version``), or why it is wrong."""
+        if kind == DISTINCT:
+            return _stamp(doc)
+        if kind != AGGREGATE:
+            return self.check(doc)
+        if not isinstance(doc, dict) or set(doc) != {"_id", "version"}:
+            return f"aggregate returned {doc!r:.120}"
+        if type(doc["_id"]) is not int or type(doc["version"]) is not int:
+            return f"bad _id/version: {doc!r:.120}"
+        return doc["_id"], doc["version"]
 
     def _versions(self, kind: int, target: int, got: Any, floor: int) -> list[tuple[int, int, int]] | None:
-        """(document, version, bound) of each document a read returned, or
-        None if the read returned the wrong documents."""
+        """(document, version, bound) of each document a read returned,
+        and, where documents are deleted (``spec["deletes"]``), an
+        ``ABSENT`` row for each it left out; None if the read returned the
+        wrong documents. A group count's row is (group, count)."""
+        what = f"{KIND_NAMES[kind]} read of {'group' if kind in GROUPED else 'document'} {target}"
+        if kind == COUNT and got in (0, 1):
+            return [(target, floor, AT_LEAST) if got else (target, floor - 1, AT_MOST)]
+        if kind == GROUP_COUNT and type(got) is int:
+            return [(target, got, EXACT)]
         if kind == COUNT:
-            if got in (0, 1):
-                return [(target, floor, AT_LEAST) if got else (target, floor - 1, AT_MOST)]
-            self._bad(f"count of document {target} at version >= {floor} returned {got!r:.40}")
-            return None
-        if kind == DISTINCT:
-            got = [_stamp(s) for s in got]
-        elif kind < GROUP:
-            if got is None:
-                self._bad(f"{KIND_NAMES[kind]} read of document {target} found nothing")
-                return None
-            got = [got]
+            return self.bad(f"{what} at version >= {floor} returned {got!r:.40}")
+        if kind == GROUP_COUNT:
+            return self.bad(f"{what} returned {got!r:.80}")
         out = []
-        for doc in got:
-            checked = check_document(doc, self.spec["groups"], PAD_BYTES) if kind != DISTINCT else doc
+        for doc in got if kind in GROUPED else [] if got is None else [got]:
+            checked = self._checked(kind, doc)
             if isinstance(checked, str):
-                self._bad(checked)
-                return None
+                return self.bad(checked)
             out.append((*checked, EXACT))
-        ids = sorted(k for k, _, _ in out)
-        want = self.group_members[target] if kind >= GROUP else [target]
-        if ids != want:
-            self._bad(f"{KIND_NAMES[kind]} read of {target} returned documents {ids}")
-            return None
-        return out
+        ids = [k for k, _, _ in out]
+        want = self.members[target] if kind in GROUPED else [target]
+        missing = [k for k in want if k not in ids]
+        if sorted(ids) != [k for k in want if k in ids] or (missing and not self.spec.get("deletes")):
+            return self.bad(f"{what} returned documents {ids}")
+        if kind == AGGREGATE and ids != sorted(ids):
+            return self.bad(f"{what} is not sorted by _id")
+        return out + [(k, ABSENT, EXACT) for k in missing]
 
     def record(self, kind: int, target: int, got: Any, floor: int, applied: int, t0: int, t1: int) -> None:
+        """A read's rows (none if it returned the wrong documents)."""
         self.reads += 1
-        if not self.seen_ts or applied != self.seen_ts[-1]:
-            self.seen_ts.append(applied)
-            self.seen_at.append(t0)
         for k, version, bound in self._versions(kind, target, got, floor) or ():
             self.rows.add(k, version, applied, t0, t1, kind, bound)
-            if bound != AT_MOST:
+            if bound != AT_MOST and kind != GROUP_COUNT:
                 self.top[k] = max(self.top[k], version)
+
+    def caught_up(self, applied: int, final: Any) -> bool:
+        """Whether this process has seen the parent's last write: the
+        applied time reached it (``final[0]``), or, reading ``"until":
+        "versions"``, it read the last version of each document (``final[k]``)."""
+        if self.spec.get("until") == "versions":
+            return all(self.top[k] >= final[k] for k in range(self.spec["total"]))
+        return applied >= final[0]
 
     def result(self, before: Any, after: Any) -> dict[str, Any]:
         return {
@@ -171,8 +220,6 @@ class _Reads:
             "reads": self.reads,
             **self.rows.as_dict(),
             "writes": self.writes,
-            "seen_ts": self.seen_ts,
-            "seen_at": self.seen_at,
             "wrong": self.wrong,
             "examples": self.examples,
             **kit.counted(before, after),
@@ -188,50 +235,46 @@ def _stamp(text: Any) -> tuple[int, int] | str:
     return int(k), int(v)
 
 
-def _read(coll: Any, kind: int, target: int, floor: int) -> Any:
-    """A read of ``kind`` (a coroutine for an async collection)."""
-    if kind == ID:
-        return coll.find_one({"_id": target})
-    if kind == KEY:
-        return coll.find_one({"key": f"k{target}"})
-    if kind == GROUP:
-        return coll.find({"group": target}).to_list()
-    if kind == DISTINCT:
-        return coll.distinct("stamp", {"group": target})
-    return coll.count_documents({"_id": target, "version": {"$gte": floor}})
-
-
 def _operations(spec: dict[str, Any]) -> list[tuple[int, int]]:
-    """Every read a worker warms up with and chooses from: (kind, target)."""
-    ops = [(kind, k) for kind in (ID, KEY, COUNT) for k in range(spec["total"])]
-    return ops + [(kind, g) for kind in (GROUP, DISTINCT) for g in range(spec["groups"])]
+    """Every read a reader warms up with and chooses from: (kind, target)."""
+    return [(kind, t) for kind in spec["weights"] for t in range(spec["groups"] if kind in GROUPED else spec["total"])]
 
 
 class _Plan:
     """What one reading task (a sync worker has one) does next: after a
     write of its own, a read of that document, of a random kind; else a
     write of one of its own documents (``WRITE_SHARE`` of the operations),
-    else a random read (its kind by ``KIND_WEIGHTS``, then its target)."""
+    else a random read (its kind by ``spec["weights"]``, then its target).
+    With ``spec["rounds"]``, every document by ``_id`` instead, in a
+    shuffled order each round (no worker follows a fixed phase of the writer)."""
 
     def __init__(self, spec: dict[str, Any], task: int, tasks: int) -> None:
         self.rng = random.Random(f"{spec['seed']}/{task}")
         self.ops = _operations(spec)
-        self.groups = spec["groups"]
-        self.mine = spec["own"][task::tasks]
+        self.kinds, self.weights = list(spec["weights"]), list(spec["weights"].values())
+        self.groups, self.rounds = spec["groups"], spec.get("rounds", False)
+        first = spec.get("documents", 0) + spec["index"] * OWN_DOCS
+        self.mine = list(range(first, first + spec.get("own_docs", 0)))[task::tasks]
         self.versions = dict.fromkeys(self.mine, 0)
         self.readback: int | None = None
+        self.order: list[int] = []
 
     def next(self) -> tuple[int, int]:
         """(WRITE, document) or (read kind, target)."""
+        if self.rounds:
+            if not self.order:
+                self.order = list(range(len(self.ops)))
+                self.rng.shuffle(self.order)
+            return ID, self.order.pop()
         if self.readback is not None:
             doc, self.readback = self.readback, None
-            kind = self.rng.choice((ID, KEY, GROUP, DISTINCT, COUNT))
-            return kind, (doc % self.groups if kind in (GROUP, DISTINCT) else doc)
+            kind = self.rng.choice(self.kinds)
+            return kind, (doc % self.groups if kind in GROUPED else doc)
         if self.mine and self.rng.random() < WRITE_SHARE:
             doc = self.rng.choice(self.mine)
             self.readback = doc
             return WRITE, doc
-        kind = self.rng.choices(range(len(KIND_NAMES)), weights=KIND_WEIGHTS)[0]
+        kind = self.rng.choices(self.kinds, weights=self.weights)[0]
         return self.rng.choice([op for op in self.ops if op[0] == kind])
 
     def update(self, doc: int) -> tuple[dict[str, Any], dict[str, Any], int]:
@@ -243,13 +286,13 @@ class _Plan:
 _Ops = Generator[tuple[Any, ...], tuple[int, int, Any], None]
 
 
-def _task(rec: _Reads, plan: _Plan, shared: Shared, end_by: int, applied: Any) -> _Ops:
+def _task(rec: Reads, plan: _Plan, shared: Shared, applied: Any, seen: Any) -> _Ops:
     """One reading task's operations, a generator: it yields ``(WRITE,
     document, filter, update, version)`` or ``(kind, target, floor,
-    applied)``, and is sent back (start, end, result) of a read. It ends
-    ``TAIL_NS`` after it saw the parent's last write applied, or at
-    ``end_by`` (unfinished)."""
-    tail_until = 0
+    applied)``, and is sent back (start, end, result) of a read. Once the
+    parent said stop, it ends ``spec["tail_ns"]`` after it saw the parent's
+    last write (``Reads.caught_up``), or, ``spec["timeout"]`` later, unfinished."""
+    tail_until = give_up = 0
     while True:
         kind, target = plan.next()
         if kind == WRITE:
@@ -258,19 +301,24 @@ def _task(rec: _Reads, plan: _Plan, shared: Shared, end_by: int, applied: Any) -
         floor, a = rec.top[target], applied()
         t0, t1, got = yield kind, target, floor, a
         rec.record(kind, target, got, floor, a, t0, t1)
+        seen(a, t0)
         shared.counters[rec.spec["index"]] = rec.reads
-        if shared.stop.value and not tail_until and a >= shared.final[0]:
-            tail_until = t1 + TAIL_NS
-        elif tail_until and t1 >= tail_until:
+        if not shared.stop.value:
+            continue
+        if not tail_until and rec.caught_up(a, shared.final):
+            tail_until = t1 + rec.spec["tail_ns"]
+        give_up = give_up or t1 + int(rec.spec["timeout"] * 1e9)
+        if tail_until and t1 >= tail_until:
             return
-        if t1 > end_by:
+        if not tail_until and t1 > give_up:
             rec.unfinished = True
             return
 
 
-async def _perform(task: _Ops, coll: Any, rec: _Reads, times: WriteTimes, is_async: bool) -> None:
-    """Run a task's operations on ``coll``; each read is timed around its call (and await)."""
-    clock, op, pause = time.monotonic_ns, next(task), rec.spec["read_pause"]
+async def _perform(task: _Ops, coll: Any, rec: Reads, times: WriteTimes, shared: Shared, is_async: bool) -> None:
+    """Run a task's operations on ``coll``; each read is timed around its
+    call (and await), and followed by the parent's pause (``shared.pace``)."""
+    clock, op = time.monotonic_ns, next(task)
     while True:
         if op[0] == WRITE:
             sent = clock()
@@ -281,13 +329,14 @@ async def _perform(task: _Ops, coll: Any, rec: _Reads, times: WriteTimes, is_asy
             op = next(task)
             continue
         t0 = clock()
-        call = _read(coll, *op[:3])
+        call = read(coll, *op[:3])
         got = await call if is_async else call
         t1 = clock()
         try:
             op = task.send((t0, t1, got))
         except StopIteration:
             return
+        pause = shared.pace.value
         if is_async:
             await asyncio.sleep(pause)
         elif pause:
@@ -295,24 +344,33 @@ async def _perform(task: _Ops, coll: Any, rec: _Reads, times: WriteTimes, is_asy
 
 
 async def _work(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
-    """A worker of either API: warm-up until a whole pass over every read
-    hits, then one reading task (sync) or ``ASYNC_TASKS`` (async)."""
+    """A reader of either API: warm-up until a whole pass over every read
+    hits, then one reading task (sync) or ``ASYNC_TASKS`` (async). It
+    records the applied-time transitions it saw (``seen_ts``, ``seen_at``)."""
     is_async, timeout, times = spec["api"] == "async", spec["timeout"], WriteTimes()
-    options = {"listeners": [times], "budget_bytes": LOCAL_BUDGET_BYTES, "max_await_time_ms": MAX_AWAIT_MS}
-    async with kit.worker_client(spec["uri"], is_async, spec["shared_name"], **options) as (_, manager):
+    options = {"listeners": [times], **spec["local"]}
+    async with kit.worker_client(spec["uri"], is_async, spec["shared_name"], **options) as (client, manager):
         coll = manager[spec["db"]][spec["coll"]]
         await kit.registered(manager, coll, spec["db"], timeout)
-        warm = [functools.partial(_read, coll, kind, target, 0) for kind, target in _operations(spec)]
+        warm = [functools.partial(read, coll, kind, target) for kind, target in _operations(spec)]
         if not await kit.warmed(manager, warm, timeout, 0.02):
             raise BenchmarkFailed(f"worker {spec['index']}: reads still missing after warm-up")
-        rec, applied = _Reads(spec), functools.partial(applied_time, manager, spec["db"])
+        expected = spec.get("raws") and kit.Expected(spec["raws"], client[spec["db"]][spec["coll"]].codec_options)
+        rec = Reads(spec, check=expected.check if expected else None)
+        seen_ts, seen_at = array.array("q"), array.array("q")
+
+        def seen(applied: int, t0: int) -> None:
+            if not seen_ts or applied != seen_ts[-1]:
+                seen_ts.append(applied)
+                seen_at.append(t0)
+
+        applied = functools.partial(applied_time, manager, spec["db"])
         before = manager.snapshot()
         shared.barrier.wait(timeout)
-        end_by = time.monotonic_ns() + int(spec["run_limit"] * 1e9)
         tasks = ASYNC_TASKS if is_async else 1
-        runs = [_task(rec, _Plan(spec, n, tasks), shared, end_by, applied) for n in range(tasks)]
-        await asyncio.gather(*(_perform(task, coll, rec, times, is_async) for task in runs))
-        return rec.result(before, manager.snapshot())
+        runs = [_task(rec, _Plan(spec, n, tasks), shared, applied, seen) for n in range(tasks)]
+        await asyncio.gather(*(_perform(task, coll, rec, times, shared, is_async) for task in runs))
+        return {**rec.result(before, manager.snapshot()), "seen_ts": seen_ts, "seen_at": seen_at}
 
 
 def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
@@ -320,37 +378,38 @@ def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
     return asyncio.run(_work(spec, shared))
 
 
+def start_readers(
+    stack: contextlib.ExitStack, uri: str, spec: dict[str, Any], *, path: str, workers: int, status: Status,
+    label: str, pace: float = 0.0, keys: int = 1,
+) -> kit.Pool:  # fmt: skip
+    """``workers`` spawned readers of ``spec`` (each with its ``index`` and
+    a ``seed`` of its own) on ``path``: for "shared", an owner of the
+    benchmark's geometry first. Returns their pool (``keys`` final values)
+    once every reader is warm; ``stack`` ends them and the owner."""
+    spec = {"tail_ns": TAIL_NS, "local": LOCAL, "weights": KIND_WEIGHTS, **spec, "uri": uri, "shared_name": None}
+    if path == "shared":
+        status(f"{label}: starting the owner")
+        spec["shared_name"] = stack.enter_context(kit.checked_owner(uri, "cqc-readers")).name
+    pool = stack.enter_context(kit.Pool(workers, keys=keys, timeout=spec["timeout"]))
+    pool.shared.pace.value = pace
+    status(f"{label}: starting {workers} workers")
+    pool.start([{**spec, "index": n, "seed": f"{spec['seed']}/{n}"} for n in range(workers)], _worker)
+    pool.meet(f"{label}: start (workers warm)")
+    return pool
+
+
 # -- Writers ---------------------------------------------------------------------
 
 
-def _writer(coll: Any, docs: Sequence[int], count: int, interval: float, seed: str) -> list[Write]:
-    """``count`` updates of ``docs``, each a version higher than its document's last, in one session."""
-    rng = random.Random(seed)
-    versions = dict.fromkeys(docs, 0)
-    out = []
-    with coll.database.client.start_session(causal_consistency=False) as session:
-        for _ in range(count):
-            k = rng.choice(docs)
-            v = versions[k] + 1
-            sent = time.monotonic_ns()
-            coll.update_one({"_id": k}, {"$set": {"version": v, "stamp": f"{k}:{v}"}}, session=session)
-            ack = time.monotonic_ns()
-            if session.operation_time is None:
-                raise BenchmarkFailed("the server returned no operationTime for a write")
-            versions[k] = v
-            out.append(Write(k, v, timestamp_int(session.operation_time), sent, ack))
-            if interval:
-                time.sleep(interval)
-    return out
-
-
 def write_all(coll: Any, *, writers: int, documents: int, writes: int, interval: float, seed: str) -> list[Write]:
-    """``writes`` updates split over ``writers`` threads, each owning the
-    documents ``k`` with ``k % writers == its index``."""
+    """``writes`` updates (``kit.Writer``, version and stamp) split over
+    ``writers`` threads, each owning the documents ``k`` with ``k % writers
+    == its index`` and writing in one session."""
 
     def one(w: int) -> list[Write]:
         share = writes // writers + (1 if w < writes % writers else 0)
-        return _writer(coll, range(w, documents, writers), share, interval, f"{seed}/w{w}")
+        writer = kit.Writer(coll, range(w, documents, writers), f"{seed}/w{w}", stamp=True)
+        return writer.run(threading.Event(), interval, share)
 
     with concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="writer") as threads:
         futures = [threads.submit(one, w) for w in range(writers)]
@@ -367,8 +426,7 @@ def check_reads(oracle: Oracle, result: dict[str, Any]) -> dict[str, Any]:
     """One worker's rows judged (``_oracle.judge``): stale and impossible
     reads, and, where the rows carry start times, monotonic and
     read-your-writes violations (against ``result["writes"]``, its own)."""
-    own, label = result.get("writes", ()), f"worker {result['index']}: "
-    verdict = judge(result, oracle=oracle, own_writes=own, label=label, kind_names=KIND_NAMES)
+    verdict = judge_all([result], oracle, KIND_NAMES)
     return {**dataclasses.asdict(verdict), "examples": list(verdict.examples)}
 
 
@@ -416,33 +474,20 @@ def run_path(uri: str, args: argparse.Namespace, *, db: str, path: str, api: str
         stack.callback(kit.quietly, coll.drop)
         total = args.documents + args.workers * OWN_DOCS
         insert_documents(coll, total, args.groups, PAD_BYTES)
-        shared_name = None
-        if path == "shared":
-            status(f"{label}: starting the owner")
-            geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": 1000, "idle_exit_seconds": 60.0}
-            shared_name = stack.enter_context(kit.owned(f"cqc-coh-{secrets.token_hex(4)}", uri, **geometry)).name
-        pool = stack.enter_context(kit.Pool(args.workers, timeout=args.timeout))
-        pool.shared.final[0] = (1 << 63) - 1  # set to the last write's time when done
-        status(f"{label}: starting {args.workers} workers")
-        interval = args.write_interval_ms / 1000
         spec = {
-            "uri": uri, "db": db, "coll": coll_name, "api": api, "documents": args.documents, "total": total,
-            "groups": args.groups, "shared_name": shared_name,
-            "read_pause": args.read_pause_ms / 1000, "timeout": args.timeout,
-            "run_limit": args.timeout + args.writes * (interval + 0.5),
+            "db": db, "coll": coll_name, "api": api, "documents": args.documents, "total": total,
+            "groups": args.groups, "own_docs": OWN_DOCS, "timeout": args.timeout, "seed": f"{args.seed}/{label}",
         }  # fmt: skip
-        specs = [
-            {**spec, "index": n, "seed": f"{args.seed}/{label}/{n}",
-             "own": list(range(args.documents + n * OWN_DOCS, args.documents + (n + 1) * OWN_DOCS))}
-            for n in range(args.workers)
-        ]  # fmt: skip
-        pool.start(specs, _worker)
-        pool.meet(f"{label}: start (workers warm)")
+        pool = start_readers(
+            stack, uri, spec, path=path, workers=args.workers, status=status, label=label,
+            pace=args.read_pause_ms / 1000,
+        )  # fmt: skip
+        pool.shared.final[0] = (1 << 63) - 1  # set to the last write's time when done
         status(f"{label}: {args.writes} writes by {args.writers} writers")
         started = time.perf_counter()
         log = write_all(
-            coll, writers=args.writers, documents=args.documents, writes=args.writes, interval=interval,
-            seed=f"{args.seed}/{label}",
+            coll, writers=args.writers, documents=args.documents, writes=args.writes,
+            interval=args.write_interval_ms / 1000, seed=f"{args.seed}/{label}",
         )  # fmt: skip
         write_seconds = time.perf_counter() - started
         pool.shared.final[0] = max(w.optime for w in log)
@@ -455,9 +500,8 @@ def _path_result(
     path: str, api: str, args: argparse.Namespace, log: list[Write], write_seconds: float, results: list[Any]
 ) -> dict[str, Any]:
     """One path's figures and judgement from the writes and the workers' records."""
-    oracle = Oracle([*log, *(w for r in results for w in r["writes"])])
-    checked = [check_reads(oracle, r) for r in results]
-    examples = [e for c in checked for e in c["examples"]] + [e for r in results for e in r["examples"]]
+    verdict = judge_all(results, Oracle([*log, *(w for r in results for w in r["writes"])]), KIND_NAMES)
+    examples = [*verdict.examples, *(e for r in results for e in r["examples"])]
     reads, hits = sum(r["reads"] for r in results), sum(r["hits"] for r in results)
     return {
         "path": path,
@@ -474,10 +518,7 @@ def _path_result(
         "bypasses": sum(r["bypasses"] + r["behind"] for r in results),
         "worker_writes": sum(len(r["writes"]) for r in results),
         "hit_fraction": hit_fraction(hits, reads),
-        "stale_reads": sum(c["stale"] for c in checked),
-        "monotonic_violations": sum(c["monotonic"] for c in checked),
-        "read_your_writes_violations": sum(c["read_your_writes"] for c in checked),
-        "impossible_reads": sum(c["impossible"] for c in checked),
+        **verdict.counts(),
         "wrong_results": sum(r["wrong"] for r in results),
         "workers_unfinished": sum(r["unfinished"] for r in results),
         "examples": examples[:MAX_EXAMPLES],

@@ -23,7 +23,7 @@ from client_query_cache import CacheManager
 
 from . import _kit as kit
 from ._kit import make_document, progress, summarize
-from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, initial_versions, judge
+from ._oracle import Oracle, Rows, Write, applied_time, hit_fraction, initial_versions, judge
 
 SCHEMA = "client-query-cache/collection-reads/2"
 HOT_GROUPS = 16
@@ -76,26 +76,13 @@ def _call(coll: Any, op: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
 
 def _writer(uri: str, db: str, docs: int, interval: float, stop: Any, count: Any, log: Any) -> None:
     """Set the next ``version`` of one random document every ``interval``
-    seconds until ``stop``; then put every write (document, version,
-    operationTime, sent, acknowledged; ``time.monotonic_ns``) on ``log``."""
-    times = WriteTimes()
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, event_listeners=[times])
-    rng = random.Random(7)
-    coll = client[db]["docs"]
-    versions = [INITIAL_VERSION] * docs
-    done: list[tuple[int, int, int, int, int]] = []
-    try:
-        while not stop.is_set():
-            k = rng.randrange(docs)
-            v = versions[k] = versions[k] + 1
-            sent = time.monotonic_ns()
-            coll.update_one({"_id": k}, {"$set": {"version": v}})
-            done.append((k, v, times.take(k, v), sent, time.monotonic_ns()))
-            count.value += 1
-            stop.wait(interval)
-    finally:
-        log.put(done)
-        client.close()
+    seconds until ``stop`` (``kit.Writer``); then put every write on ``log``."""
+    with pymongo.MongoClient(uri) as client:
+        writer = kit.Writer(client[db]["docs"], range(docs), 7, first=INITIAL_VERSION)
+        try:
+            writer.run(stop, interval, counter=count)
+        finally:
+            log.put(writer.acked)
 
 
 class _UnderWrites:
@@ -224,7 +211,7 @@ def _writer_phase(
     phases["writer_updates"] = {"count": updates, "seconds": elapsed}
     if updates == 0:
         problems.append("writer phase: the writer made no update")
-    verdict = checker.verdict([Write(*w) for w in done], documents)
+    verdict = checker.verdict(done, documents)
     return problems + _judge_writer_phase(phases, verdict, b.samples)
 
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from unittest import mock
 
@@ -26,8 +26,8 @@ from bson.int64 import Int64
 from pymongo.errors import PyMongoError
 
 from . import _kit as kit
-from ._kit import MAX_EXAMPLES, BenchmarkFailed, Status
-from ._oracle import Oracle, Verdict, Write, applied_time, judge, timestamp_int
+from ._kit import MAX_EXAMPLES, NEVER, BenchmarkFailed, Status
+from ._oracle import Oracle, Rows, Verdict, Write, applied_time, judge
 from ._proxy import FaultProxy
 
 SCHEMA = "cqc.faults/1"
@@ -38,7 +38,6 @@ WRITE_INTERVAL_S = 0.010
 READ_PAUSE_S = 0.002
 NORMAL_S = 0.5
 AFTER_S = 0.5
-NEVER = (1 << 63) - 1
 KiB = 1024
 
 
@@ -219,32 +218,22 @@ class _Loop(threading.Thread):
 
 
 class Writer(_Loop):
-    """Updates a random document every WRITE_INTERVAL_S; a write whose reply
-    was lost is kept as "maybe" (its version may appear, never required)."""
+    """Updates a random document every WRITE_INTERVAL_S (``kit.Writer``),
+    each write in a session of its own; a write whose reply was lost is
+    kept as "maybe" (its version may appear, never required)."""
 
     def __init__(self, uri: str, ctx: Context, seed: int) -> None:
         super().__init__("fault-writer")
         self.client: pymongo.MongoClient[Any] = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=500, retryWrites=False
         )
-        self.coll, self.docs = self.client[ctx.db][ctx.coll], ctx.scenario.docs
-        self.rng = random.Random(seed)
-        self.acked: list[Write] = []
-        self.maybe: list[Write] = []
+        self.writer = kit.Writer(self.client[ctx.db][ctx.coll], range(ctx.scenario.docs), seed)
+        self.acked, self.maybe = self.writer.acked, self.writer.lost
 
     def run(self) -> None:
-        versions = [0] * self.docs
         while not self.stop.is_set():
-            k = self.rng.randrange(self.docs)
-            v = versions[k] = versions[k] + 1
-            sent = time.monotonic_ns()
-            try:
-                with self.client.start_session(causal_consistency=False) as s:
-                    self.coll.update_one({"_id": k}, {"$set": {"version": v}}, session=s)
-                    optime = timestamp_int(s.operation_time)
-                self.acked.append(Write(k, v, optime, sent, time.monotonic_ns()))
-            except PyMongoError:
-                self.maybe.append(Write(k, v, NEVER, sent, NEVER))
+            with self.client.start_session(causal_consistency=False) as session:
+                self.writer.write(session, keep_lost=True)
             self.stop.wait(WRITE_INTERVAL_S)
 
     def close(self) -> None:
@@ -252,25 +241,15 @@ class Writer(_Loop):
         self.client.close()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Read:
-    doc: int
-    version: int
-    applied: int  # the applied time before the read
-    start: int
-    end: int
-    hit: bool
-
-
 class Reader(_Loop):
     """Reads random documents by ``_id`` through the cache until stopped and
-    records each one (a ``Read``)."""
+    records each one (``rows``; its kind: 1 for a hit, 0 for a miss)."""
 
     def __init__(self, manager: Any, ctx: Context, seed: int) -> None:
         super().__init__("fault-reader")
         self.manager, self.coll, self.db, self.docs = manager, ctx.cached, ctx.db, ctx.scenario.docs
         self.rng = random.Random(seed + 1)
-        self.rows: list[Read] = []
+        self.rows = Rows()
         self.reads = self.hits = self.pymongo_errors = 0
         self.other_errors: list[str] = []
 
@@ -304,7 +283,11 @@ class Reader(_Loop):
         if not isinstance(doc, dict) or doc.get("_id") != k or type(doc.get("version")) is not int:
             self.other_errors.append(f"read of {k} returned {doc!r:.100}")
         else:
-            self.rows.append(Read(k, doc["version"], applied, start, end, hit))
+            self.rows.add(k, doc["version"], applied, start, end, hit)
+
+    def hit_starts(self) -> Iterator[int]:
+        """The start of each read that hit, in order."""
+        return (t for t, hit in zip(self.rows.starts, self.rows.kinds) if hit)
 
     def _hit_read(self, k: int) -> bool:
         h0 = self._hits()
@@ -324,22 +307,21 @@ class Reader(_Loop):
 
     def check(self, oracle: Oracle) -> Verdict:
         """Stale and impossible reads (an example says whether the read was a hit)."""
-        fields = {"docs": "doc", "versions": "version", "applied": "applied", "ends": "end", "kinds": "hit"}
-        columns = {name: [getattr(r, field) for r in self.rows] for name, field in fields.items()}
-        return judge(columns, oracle=oracle, kind_names=("miss", "hit"))
+        unordered = {**self.rows.as_dict(), "starts": None}  # no monotonic judgement
+        return judge(unordered, oracle=oracle, kind_names=("miss", "hit"))
 
     def superseded_max_ms(self, acked: Sequence[Write]) -> float:
         """The longest a read returned a version after a newer one of the
         same document had been acknowledged (0 if never)."""
         acks: dict[int, list[Write]] = {}
         for w in sorted(acked, key=lambda w: w.ack_ns):
-            acks.setdefault(w.doc, []).append(w)
+            acks.setdefault(w.key, []).append(w)
         worst = 0
-        for r in self.rows:
-            acked_before = itertools.takewhile(lambda w: w.ack_ns < r.start, acks.get(r.doc, ()))  # noqa: B023
-            newer = next((w for w in acked_before if w.version > r.version), None)
+        for doc, version, start in zip(self.rows.docs, self.rows.versions, self.rows.starts):
+            acked_before = itertools.takewhile(lambda w: w.ack_ns < start, acks.get(doc, ()))  # noqa: B023
+            newer = next((w for w in acked_before if w.version > version), None)
             if newer is not None:
-                worst = max(worst, r.start - newer.ack_ns)
+                worst = max(worst, start - newer.ack_ns)
         return worst / 1e6
 
 
@@ -402,9 +384,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
             scenario.heal(ctx)
         if scenario.down_at_start:
             writer.start()
-        recovered = kit.wait_until(
-            lambda: next((r.start for r in reader.rows if r.hit and r.start >= healed), None), timeout
-        )
+        recovered = kit.wait_until(lambda: next((t for t in reader.hit_starts() if t >= healed), None), timeout)
         time.sleep(AFTER_S)
         writer.close()
         last = max((w.optime for w in writer.acked), default=0)
@@ -419,7 +399,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
             manager._engine.native.geometry()["heartbeat_timeout_ns"] / 1e6 if scenario.shared else STALL_BOUND_S * 1e3
         )
     rejected = {k: v - before.rejected_admissions.get(k, 0) for k, v in after.rejected_admissions.items()}
-    verdict, rows = reader.check(Oracle(writer.acked + writer.maybe)), reader.rows
+    verdict = reader.check(Oracle(writer.acked + writer.maybe))
     return {
         "scenario": scenario.name,
         "mode": "shared" if scenario.shared else "local",
@@ -436,7 +416,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
         "writes_unacknowledged": len(writer.maybe),
         "superseded_max_ms": reader.superseded_max_ms(writer.acked),
         "trust_bound_ms": trust_ms,
-        "hits_between_fault_and_recovery": sum(r.hit and injected <= r.start < (recovered or NEVER) for r in rows),
+        "hits_between_fault_and_recovery": sum(injected <= t < (recovered or NEVER) for t in reader.hit_starts()),
         "recovery_ms": None if recovered is None else max(0, recovered - healed) / 1e6,
         "caught_up": caught_up,
         "rejected_admissions": {k: n for k, n in rejected.items() if n},

@@ -6,6 +6,7 @@ Reference: docs/benchmarks.md, "Harness reference", `benchmarks.guard`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import enum
@@ -18,7 +19,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -216,8 +216,8 @@ def decide(
 # -- Building the two sides ------------------------------------------------------
 
 
-def _git(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
-    return kit.run_command(["git", "-C", str(REPO_ROOT), *args], stdout=stdout, stderr=subprocess.PIPE)
+def _git(*args: str, **options: Any) -> Any:
+    return kit.run_command(["git", "-C", str(REPO_ROOT), *args], **options)
 
 
 def resolve_rev(rev: str) -> str:
@@ -273,22 +273,17 @@ def build(trees: dict[str, Path], tmp: Path, labels: dict[str, str]) -> dict[str
     from there. Returns those lib directories."""
     env = {k: v for k, v in os.environ.items() if k != "CQC_SANITIZE"}  # both plain builds
     libs = {name: tmp / name / "lib" for name in trees}
-    procs = {
-        name: kit.popen(
+    cmds = {
+        name: (
             [sys.executable, "setup.py", "build", "--build-base", str(tmp / name / "build"), "--build-lib", str(lib)],
-            cwd=trees[name], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            {"cwd": trees[name], "env": env},
+        )
         for name, lib in libs.items()
     }
-    for name, proc in procs.items():
-        try:
-            output = proc.communicate(timeout=BLOCK_TIMEOUT_S)[0]
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output = proc.communicate()[0]
-        if proc.returncode != 0 or not list(libs[name].glob("client_query_cache/_native*.so")):
+    for name, (status, output) in kit.run_to_end(cmds, BLOCK_TIMEOUT_S).items():
+        if status != 0 or not list(libs[name].glob("client_query_cache/_native*.so")):
             tail = "\n".join(output.decode("utf-8", errors="replace").splitlines()[-30:])
-            raise GuardError(f"building {labels[name]} failed (status {proc.returncode}):\n{tail}")
+            raise GuardError(f"building {labels[name]} failed (status {status}):\n{tail}")
     return libs
 
 
@@ -360,7 +355,7 @@ def _cache(b: BlockContext, coll: str, admit: Sequence[int], expected: dict[int,
         cached = manager[b.db_name][coll]
         if not manager.wait_ready(30, b.db_name):
             raise RuntimeError(f"the change stream of {b.db_name} did not become ready within 30 s")
-        if not kit.warm_until_hits(manager, [functools.partial(read, i) for i in admit], 60, pause=0):
+        if not asyncio.run(kit.warmed(manager, [functools.partial(read, i) for i in admit], 60, pause=0)):
             raise RuntimeError("warm-up reads were still not all hits after 60 s")
         yield manager, cached
 
@@ -607,13 +602,9 @@ def run_child(side: Side, cfg: dict[str, Any], workdir: Path, tag: str) -> dict[
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CQC_SANITIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(side.lib), str(REPO_ROOT)])
     cmd = [sys.executable, "-m", "benchmarks.guard", _RUN_BLOCK, str(config_path), str(out_path)]
-    try:
-        proc = kit.run_command(
-            cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-            text=True, timeout=BLOCK_TIMEOUT_S,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise GuardError(f"block {tag} did not finish within {BLOCK_TIMEOUT_S:g} s") from None
+    proc = kit.run_command(cmd, BLOCK_TIMEOUT_S, cwd=workdir, env=env, text=True)
+    if proc is None:
+        raise GuardError(f"block {tag} did not finish within {BLOCK_TIMEOUT_S:g} s")
     if proc.returncode != 0 or not out_path.exists():
         tail = "\n".join(proc.stderr.splitlines()[-25:])
         raise GuardError(f"block {tag} ({side.label}) failed with status {proc.returncode}:\n{tail}")

@@ -10,6 +10,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import importlib
 import itertools
@@ -43,8 +44,6 @@ COLD_ID_BASE = 10_000_000
 INSERT_BATCH = 1000
 #: Direct-path warm-up: reads per worker that open its connections.
 DIRECT_WARM_READS = 64
-#: A cached worker gives up warming after this many passes over the hot set.
-MAX_WARM_PASSES = 50
 #: The defaults of the options that a quick run makes smaller.
 FULL = {"repetitions": 3, "reads": 2000, "hot": 4096}
 QUICK = {"repetitions": 1, "reads": 200, "hot": 256}
@@ -110,26 +109,16 @@ class _Checker:
         self.cpu_ns += time.thread_time_ns() - v0
 
 
-def _timed_sync(reader: Any, filters: list[Any], want: list[bytes], check: _Checker) -> list[int]:
-    """The measured reads' times (ns), each result checked after its stop timestamp."""
+async def _timed(reader: Any, filters: list[Any], want: list[bytes], check: _Checker, is_async: bool) -> list[int]:
+    """The measured reads' times (ns), ``await`` included for an async
+    reader; each result checked after its stop timestamp."""
     clock = time.perf_counter_ns
     samples = [0] * len(filters)
     for k, filt in enumerate(filters):
         t0 = clock()
         got = reader.find_one(filt)
-        samples[k] = clock() - t0
-        check(got, want[k])
-        del got
-    return samples
-
-
-async def _timed_async(reader: Any, filters: list[Any], want: list[bytes], check: _Checker) -> list[int]:
-    """``_timed_sync`` with ``await`` on each read."""
-    clock = time.perf_counter_ns
-    samples = [0] * len(filters)
-    for k, filt in enumerate(filters):
-        t0 = clock()
-        got = await reader.find_one(filt)
+        if is_async:
+            got = await got
         samples[k] = clock() - t0
         check(got, want[k])
         del got
@@ -155,34 +144,24 @@ def _counts(independent: bool, before: Any, after: Any) -> dict[str, Any]:
 
 async def _warm(spec: dict[str, Any], manager: Any, reader: Any, meet: Any) -> int:
     """Warm-up steps A, B and C (see the barrier protocol); the passes C took."""
-    rng = random.Random(spec["warm_seed"])
-
-    async def read_hot_set() -> None:
-        order = list(range(spec["hot"]))
-        rng.shuffle(order)
-        for i in order:
-            await kit.resolved(reader.find_one({"_id": i}))
-
-    if manager is None:
-        for i in range(min(spec["hot"], DIRECT_WARM_READS)):
-            await kit.resolved(reader.find_one({"_id": i}))
-    else:
+    order = list(range(spec["hot"] if manager is not None else min(spec["hot"], DIRECT_WARM_READS)))
+    random.Random(spec["warm_seed"]).shuffle(order)
+    reads = [functools.partial(reader.find_one, {"_id": i}) for i in order]
+    if manager is not None:
         await kit.registered(manager, reader, spec["db"], spec["timeout"])
-        # Every worker reads the whole hot set, in an order of its own, as
-        # independent application processes would: nothing splits the
-        # work between the workers of the shared path.
-        await read_hot_set()
+    # A cached worker reads the whole hot set, in an order of its own, as
+    # independent application processes would: nothing splits the work
+    # between the workers of the shared path.
+    for read in reads:
+        await kit.resolved(read())
     await meet()  # A
     await meet()  # B: the owner admitted the hot set (shared)
     if manager is None:
         return 0
-    for passes in range(1, MAX_WARM_PASSES + 1):  # C: until a whole pass over the hot set hits
-        h0 = manager.snapshot().hits
-        await read_hot_set()
-        if manager.snapshot().hits - h0 == spec["hot"]:
-            return passes
-        await asyncio.sleep(0.05)
-    raise BenchmarkFailed(f"hot set still missing after {MAX_WARM_PASSES} warm-up passes")
+    # C: until a whole pass over the hot set hits.
+    if not (passes := await kit.warmed(manager, reads, spec["timeout"], 0.05)):
+        raise BenchmarkFailed(f"hot set still missing after {spec['timeout']:g} s of warm-up passes")
+    return passes
 
 
 async def _work(spec: dict[str, Any], shared: Shared) -> None:
@@ -211,10 +190,7 @@ async def _work(spec: dict[str, Any], shared: Shared) -> None:
             gc.collect()
             await meet()  # start
             cpu0 = cpu_clock()
-            if is_async:
-                samples = await _timed_async(reader, filters, want, check)
-            else:
-                samples = _timed_sync(reader, filters, want, check)
+            samples = await _timed(reader, filters, want, check, is_async)
             cpu1 = cpu_clock()
             after = manager.snapshot() if manager is not None else None
             await meet()  # end: the parent samples memory and CPU

@@ -30,20 +30,20 @@ import pymongo
 from pymongo.errors import PyMongoError
 
 from . import _kit as kit
+from . import coherence
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, MiB, Shared, Status
 from ._oracle import Oracle, Write, applied_time, timestamp_int
-from .coherence import check_document, document, insert_documents
+from .coherence import ABSENT, document, insert_documents
 from .workloads import ZIPF_S
 
 SCHEMA = "cqc.soak/1"
 COLL = "docs"
 
-#: Read kinds, in the order of ``--mix``'s default weights.
+#: Read kinds, in the order of ``--mix``'s default weights: ``coherence``'s
+#: first five (id, key, group, aggregate, group count), their codes in rows.
 READ_KINDS = ("id", "key", "find", "aggregate", "count")
 DEFAULT_MIX = (35, 20, 15, 15, 15)
-COUNT_KIND = 4
-#: A row's version when the read found the document absent.
-ABSENT = -1
+COUNT_KIND = coherence.GROUP_COUNT
 #: Shares of the writes to a present document: the rest are deletes.
 UPDATE_SHARE = 0.8
 
@@ -160,25 +160,15 @@ class _Worker:
         self.cum = list(itertools.accumulate(1.0 / (r + 1) ** ZIPF_S for r in range(self.n)))
         self.by_rank = list(range(self.n))
         random.Random(f"{spec['seed']}/ranks").shuffle(self.by_rank)
-        self.members = [list(range(g, self.n, self.groups)) for g in range(self.groups)]
         mine = range(self.index, self.n, self.workers)
         self.versions, self.present = dict.fromkeys(mine, 0), dict.fromkeys(mine, True)
         self.rng = random.Random(f"{spec['seed']}/{self.index}")
         self.mix_cum = list(itertools.accumulate(spec["mix"]))
         self.session: Any = None
         self.by_kind, self.by_op = dict.fromkeys(READ_KINDS, 0), dict.fromkeys(OP_NAMES, 0)
-        self.wrong = self.errors = self.rows = 0
-        self.examples: list[str] = []
+        self.errors = 0
         self.error_examples: list[str] = []
-
-    def row(self, kind: int, doc: int, version: int, applied: int, end: int) -> None:
-        self.reads.write(ROW.pack(kind, doc, version, applied, end))
-        self.rows += 1
-
-    def bad(self, why: str) -> None:
-        self.wrong += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(f"worker {self.index}: {why}")
+        self.checked = coherence.Reads({**spec, "total": self.n, "deletes": True}, rows=_FileRows(reads))
 
     def pick(self) -> int:
         return self.by_rank[min(bisect.bisect_left(self.cum, self.rng.random() * self.cum[-1]), self.n - 1)]
@@ -210,69 +200,20 @@ class _Worker:
         self.by_op[OP_NAMES[op]] += 1
         self.writes.write(WROW.pack(op, k, v, timestamp_int(session.operation_time), sent, ack))
 
-    def _query(self, kind: int, k: int, g: int) -> Any:
-        coll = self.coll
-        if kind == 0:
-            return coll.find_one({"_id": k})
-        if kind == 1:
-            return coll.find_one({"key": f"k{k}"})
-        if kind == 2:
-            return list(coll.find({"group": g}))
-        if kind == 3:
-            pipeline = [{"$match": {"group": g}}, {"$sort": {"_id": 1}}, {"$project": {"_id": 1, "version": 1}}]
-            return list(coll.aggregate(pipeline))
-        return coll.count_documents({"group": g})
-
-    def _checked(self, kind: int, doc: Any) -> tuple[int, int] | str:
-        """(document, version) of a returned document (an aggregate's has
-        only ``_id`` and ``version``), or why it is wrong."""
-        if kind != 3:
-            return check_document(doc, self.groups, self.pad)
-        if not isinstance(doc, dict) or set(doc) != {"_id", "version"}:
-            return f"aggregate returned {doc!r:.120}"
-        if type(doc["_id"]) is not int or type(doc["version"]) is not int:
-            return f"bad _id/version: {doc!r:.120}"
-        return doc["_id"], doc["version"]
-
     def read(self) -> None:
-        """One read of a random kind: a row per document it returned, and an
-        ``ABSENT`` one for a ``None`` or for each member a group's read left out."""
+        """One read of a random kind, checked and recorded by
+        ``coherence.Reads``: a row per document it returned, and an
+        ``ABSENT`` one for each it was asked for and left out."""
         kind = min(bisect.bisect_right(self.mix_cum, self.rng.random() * self.mix_cum[-1]), len(READ_KINDS) - 1)
         k = self.pick()
-        g = k % self.groups
+        target = k % self.groups if kind in coherence.GROUPED else k
         self.by_kind[READ_KINDS[kind]] += 1
         # Through the manager each time: after a re-attach (an owner
         # heartbeat late by 500 ms is enough) a native cache held here
         # would keep the old arena and ring mapped for the rest of the run.
         a = applied_time(self.manager, self.db)
-        got = self._query(kind, k, g)
-        end = time.monotonic_ns()
-        if kind == COUNT_KIND:
-            if type(got) is not int:
-                self.bad(f"count of group {g} returned {got!r:.80}")
-            else:
-                self.row(kind, g, got, a, end)
-            return
-        if kind < 2 and got is None:
-            self.row(kind, k, ABSENT, a, end)
-            return
-        seen: set[int] = set()
-        for doc in [got] if kind < 2 else got:
-            checked = self._checked(kind, doc)
-            if isinstance(checked, str):
-                self.bad(checked)
-            elif checked[0] in seen or (checked[0] != k if kind < 2 else checked[0] % self.groups != g):
-                asked = f"document {k}" if kind < 2 else f"group {g}"
-                self.bad(f"{READ_KINDS[kind]} read of {asked} returned document {checked[0]} (again or not asked for)")
-            else:
-                seen.add(checked[0])
-                self.row(kind, *checked, a, end)
-        if kind == 3 and [d.get("_id") for d in got if isinstance(d, dict)] != sorted(seen):
-            self.bad(f"aggregate of group {g} is not sorted by _id")
-        if kind >= 2:
-            for member in self.members[g]:
-                if member not in seen:
-                    self.row(kind, member, ABSENT, a, end)
+        got = coherence.read(self.coll, kind, target)
+        self.checked.record(kind, target, got, 0, a, 0, time.monotonic_ns())
 
     def counters(self, snap: Any, before: Any) -> dict[str, int]:
         """``STATS``: the manager's counters from ``before`` to ``snap``, and this worker's."""
@@ -280,7 +221,8 @@ class _Worker:
         return {
             "ops": reads + writes, "reads": reads, "writes": writes, "hits": snap.hits - before.hits,
             "misses": snap.misses - before.misses, "bypasses": snap.bypass_total - before.bypass_total,
-            "errors": self.errors, "ring_full": snap.rejected_admissions.get("ring_full", 0), "rows": self.rows,
+            "errors": self.errors, "ring_full": snap.rejected_admissions.get("ring_full", 0),
+            "rows": self.checked.rows.count,
         }  # fmt: skip
 
     def loop(self, shared: Shared) -> dict[str, Any]:
@@ -316,10 +258,22 @@ class _Worker:
             **self.counters(after, before),
             "bypasses": dict(after.bypasses),  # by reason, since the manager was created
             "oversize": after.rejected_admissions.get("oversize", 0),
-            "by_kind": self.by_kind, "by_op": self.by_op, "index": self.index, "wrong": self.wrong,
-            "examples": self.examples, "error_examples": self.error_examples,
+            "by_kind": self.by_kind, "by_op": self.by_op, "index": self.index, "wrong": self.checked.wrong,
+            "examples": [f"worker {self.index}: {e}" for e in self.checked.examples],
+            "error_examples": self.error_examples,
             "reads_path": self.reads.name, "writes_path": self.writes.name,
         }  # fmt: skip
+
+
+class _FileRows:
+    """``coherence.Reads``'s rows of a worker, to its file (``ROW``)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.count = fh, 0
+
+    def add(self, doc: int, version: int, applied: int, start: int, end: int, kind: int, bound: int = 0) -> None:
+        self.fh.write(ROW.pack(kind, doc, version, applied, end))
+        self.count += 1
 
 
 def _worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:

@@ -25,10 +25,12 @@ import bson
 import pymongo
 from pymongo.read_concern import ReadConcern
 
+from client_query_cache import CacheManager
+
 from . import _kit as kit
-from . import _oracle
-from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status, quantile, summarize
-from ._oracle import Oracle, Rows, Verdict, WriteTimes, applied_time, initial_versions, judge
+from . import coherence
+from ._kit import MAX_EXAMPLES, BenchmarkFailed, Status, quantile, summarize
+from ._oracle import Oracle, Rows, Write, WriteTimes, applied_time, initial_versions, judge, judge_all
 
 SCHEMA = "cqc.workloads/2"
 
@@ -42,15 +44,11 @@ PATHS = ("direct", "local", "shared")
 CACHED = PATHS[1:]
 INV_PATHS = ("shared", "local")
 
-#: The owner's geometry (as in DESIGN.md's benchmark); the local managers get
-#: the same budget and slot count.
-LOCAL_BUDGET_BYTES = 32 * kit.MiB
-LOCAL_SLOTS = 16384
-#: Change-stream getMore wait of every cache (the library's default).
+#: Change-stream getMore wait of every cache (the library's default, and
+#: the owners': ``kit.checked_owner``).
 MAX_AWAIT_TIME_MS = 1000
-#: An owner whose harness died without stopping it exits this long after its
-#: last worker detached (a safety net; the harness always stops it).
-OWNER_IDLE_EXIT_S = 60.0
+#: The local managers get the owner's budget and slot count (DESIGN.md's benchmark).
+LOCAL = {"budget_bytes": 32 * kit.MiB, "slot_count": 16384, "max_await_time_ms": MAX_AWAIT_TIME_MS}
 
 #: Zipf exponent of the key distribution (YCSB's "zipfian constant").
 ZIPF_S = 0.99
@@ -101,50 +99,6 @@ def sized_document(i: int, rng: random.Random, target_bytes: int) -> dict[str, A
     return doc
 
 
-class Expected:
-    """What a read of a document at a given version must return: the inserted
-    document with its ``version`` field set to that version, as the
-    collection's codec options decode it (compared by digest of the BSON)."""
-
-    def __init__(self, raws: Sequence[bytes], codec: Any) -> None:
-        self._codec = codec
-        self._base = [bson.decode(raw, codec) for raw in raws]
-        for k, (doc, raw) in enumerate(zip(self._base, raws)):
-            if bson.encode(doc, codec_options=codec) != raw:
-                raise BenchmarkFailed(f"document {k} does not survive a decode/encode round trip")
-        self._digests: dict[tuple[int, int], bytes] = {}
-
-    def digest(self, key: int, version: int) -> bytes:
-        if (key, version) not in self._digests:
-            doc = {**self._base[key], "version": version}
-            self._digests[key, version] = kit.digest(bson.encode(doc, codec_options=self._codec))
-        return self._digests[key, version]
-
-    def check(self, key: int, got: Any) -> tuple[int | None, str | None]:
-        """The version a read result carries, or (None and) a reason it is wrong."""
-        if got is None:
-            return None, "no document"
-        version = got.get("version")
-        if type(version) is not int:
-            return None, f"version {version!r}"
-        if kit.digest(bson.encode(got, codec_options=self._codec)) != self.digest(key, version):
-            return None, f"content differs from document {key} at version {version}"
-        return version, None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Write:
-    key: int
-    version: int
-    sent_ns: int
-    ack_ns: int
-    #: operationTime of the write, (seconds << 32) | increment (0: unknown).
-    optime: int = 0
-
-    def oracle(self) -> _oracle.Write:
-        return _oracle.Write(self.key, self.version, self.optime, self.sent_ns, self.ack_ns)
-
-
 def _documents(count: int, target_bytes: int, seed: str) -> list[bytes]:
     rng = random.Random(seed)
     return [bson.encode(sized_document(i, rng, target_bytes)) for i in range(count)]
@@ -156,20 +110,6 @@ def zipf_keys(n: int, count: int, rng: random.Random, s: float = ZIPF_S) -> list
     by_rank = list(range(n))
     rng.shuffle(by_rank)
     return [by_rank[r] for r in rng.choices(range(n), cum_weights=cum, k=count)]
-
-
-def _owner(prefix: str, uri: str) -> contextlib.AbstractContextManager[Any]:
-    """An owner of the benchmark's geometry while the block runs."""
-    geometry = {**kit.OWNER_GEOMETRY, "max_await_time_ms": MAX_AWAIT_TIME_MS}
-    return kit.owned(kit.new_name(prefix), uri, **geometry, idle_exit_seconds=OWNER_IDLE_EXIT_S)
-
-
-def _manager(client: Any, shared_name: str | None) -> Any:
-    """Attached to the owner ``shared_name``, or process-local with the owner's budget and slot count."""
-    from client_query_cache import CacheManager
-
-    local = {"budget_bytes": LOCAL_BUDGET_BYTES, "slot_count": LOCAL_SLOTS, "max_await_time_ms": MAX_AWAIT_TIME_MS}
-    return kit.manager_for(CacheManager, client, shared_name, **local)
 
 
 def _warm(manager: Any, reader: Any, db: str, keys: int, timeout: float, what: str) -> int:
@@ -199,9 +139,9 @@ class MatrixPaths:
             for p in PATHS:
                 self.clients[p] = stack.enter_context(pymongo.MongoClient(uri, event_listeners=[self.times[p]]))
                 stack.callback(kit.quietly, self.clients[p].drop_database, self.dbs[p])
-            self.owner = stack.enter_context(_owner("cqc-wl-matrix", uri))
-            self.managers["local"] = stack.enter_context(_manager(self.clients["local"], None))
-            self.managers["shared"] = stack.enter_context(_manager(self.clients["shared"], self.owner.name))
+            self.owner = stack.enter_context(kit.checked_owner(uri, "cqc-wl-matrix"))
+            self.managers["local"] = stack.enter_context(CacheManager(self.clients["local"], **LOCAL))
+            self.managers["shared"] = stack.enter_context(CacheManager(self.clients["shared"], shared=self.owner.name))
             self._cleanup = stack.pop_all()
 
     def raw(self, path: str, coll: str) -> Any:
@@ -233,7 +173,7 @@ class _Cell:
         # Writes go through the path's collection: for the cached paths the
         # cached view's update_one (a read-your-writes floor must cover it).
         self.writers = {p: (paths.raw(p, coll_name) if p == "direct" else self.readers[p]) for p in PATHS}
-        self.expected = Expected(raws, paths.raw("direct", coll_name).codec_options)
+        self.expected = kit.Expected(raws, paths.raw("direct", coll_name).codec_options)
         self.current = {p: [1] * len(raws) for p in PATHS}
         self.read_ns: dict[str, list[int]] = {p: [] for p in PATHS}
         self.write_ns: dict[str, list[int]] = {p: [] for p in PATHS}
@@ -249,13 +189,13 @@ class _Cell:
         got = self.readers[p].find_one({"_id": key})
         t1 = clock()
         self.read_ns[p].append(t1 - t0)
-        version, wrong = self.expected.check(key, got)
-        if version is not None and version > self.current[p][key]:
-            wrong = f"version {version} is newer than the last write ({self.current[p][key]})"
-        if wrong is not None:
-            self.wrong.append(f"{p} read of {key} at operation {j}: {wrong}")
+        checked = self.expected.check(got, key)
+        if not isinstance(checked, str) and checked[1] > self.current[p][key]:
+            checked = f"version {checked[1]} is newer than the last write ({self.current[p][key]})"
+        if isinstance(checked, str):
+            self.wrong.append(f"{p} read of {key} at operation {j}: {checked}")
         else:
-            self.rows[p].add(key, version, applied, t0, t1, 0)
+            self.rows[p].add(key, checked[1], applied, t0, t1, 0)
 
     def write(self, p: str, key: int, version: int, j: int) -> None:
         clock = time.perf_counter_ns
@@ -267,7 +207,7 @@ class _Cell:
             self.wrong.append(f"{p} write of {key} at operation {j} matched {result.matched_count} documents")
             return
         self.current[p][key] = version
-        self.writes[p].append(Write(key, version, t0, t1, self.paths.times[p].take(key, version)))
+        self.writes[p].append(Write(key, version, self.paths.times[p].take(key, version), t0, t1))
 
     def run(self, where: str, plan: list[tuple[bool, int]], status: Status) -> tuple[float, dict[str, Any]]:
         """Warm the paths, run the plan interleaved over them (the path order
@@ -305,7 +245,7 @@ class _Cell:
         """One path's figures and judgement: stale (cached paths: the direct
         path has no applied time), monotonic and read-your-writes."""
         reads = len(self.read_ns[p])
-        writes = [w.oracle() for w in self.writes[p]]
+        writes = self.writes[p]
         oracle = None if p == "direct" else Oracle([*initial_versions(len(self.current[p])), *writes])
         verdict = judge(self.rows[p], oracle=oracle, own_writes=writes, label=f"{p}: ")
         entry: dict[str, Any] = {
@@ -399,75 +339,6 @@ def run_matrix(
 # -- Part 2: invalidation latency (worker processes) -----------------------------
 
 
-def _inv_worker(spec: dict[str, Any], shared: Shared) -> dict[str, Any]:
-    """A spawned reader (``kit.Pool``'s protocol): reads the documents in a
-    loop, in a shuffled order each round, and records every read."""
-    index, keys, timeout, db = spec["index"], spec["keys"], spec["timeout"], spec["db"]
-    counters, stop, final, pace = shared.counters, shared.stop, shared.final, shared.pace
-    with pymongo.MongoClient(spec["uri"]) as client, _manager(client, spec["shared_name"]) as manager:
-        reader = manager[db][spec["coll"]]
-        expected = Expected(spec["raws"], client[db][spec["coll"]].codec_options)
-        _warm(manager, reader, db, keys, timeout, f"worker {index}")
-        filters = [{"_id": k} for k in range(keys)]
-        max_version = [1] * keys
-        # Every measured read: key, version (-1: wrong document), the
-        # database's applied time right before it, start, end.
-        rows = Rows()
-        applied = functools.partial(applied_time, manager, db)
-        mismatches: list[str] = []
-        reads = 0
-        unobserved = False
-        tail_until = stop_deadline = 0
-        clock = time.monotonic_ns
-        sleep = time.sleep
-        rng = random.Random(spec["seed"])
-        order = list(range(keys))
-        before = manager.snapshot()
-        shared.barrier.wait(timeout)
-        while True:
-            rng.shuffle(order)  # no worker follows a fixed phase of the writer
-            for k in order:
-                a = applied()
-                t0 = clock()
-                got = reader.find_one(filters[k])
-                t1 = clock()
-                reads += 1
-                counters[index] = reads
-                version, wrong = expected.check(k, got)
-                if version is None:
-                    if len(mismatches) < MAX_EXAMPLES:
-                        mismatches.append(f"document {k}: {wrong}")
-                    version = -1
-                elif version > max_version[k]:
-                    max_version[k] = version
-                rows.add(k, version, a, t0, t1, 0)
-                del got
-                pause = pace.value
-                if pause > 0:
-                    sleep(pause)
-            if stop.value:
-                now = clock()
-                if tail_until:
-                    if now >= tail_until:
-                        break
-                elif all(max_version[k] >= final[k] for k in range(keys)):
-                    tail_until = now + TAIL_NS
-                elif not stop_deadline:
-                    stop_deadline = now + int(timeout * 1e9)
-                elif now > stop_deadline:
-                    unobserved = True
-                    break
-        return {
-            "index": index,
-            "reads": reads,
-            "keys": rows.docs,
-            **{name: getattr(rows, name) for name in ("versions", "applied", "starts", "ends")},
-            "mismatches": mismatches,
-            "unobserved_at_exit": unobserved,
-            **kit.counted(before, manager.snapshot()),
-        }
-
-
 def _write_loop(
     coll: Any, workers: kit.Pool, writes: int, keys: int, seed: int, timeout: float, times: WriteTimes, paced: bool
 ) -> tuple[list[Write], int, list[float]]:
@@ -509,7 +380,7 @@ def _write_loop(
         ack = clock()
         if result.matched_count != 1:
             raise BenchmarkFailed(f"write {n} matched {result.matched_count} documents")
-        done.append(Write(key, version, sent, ack, times.take(key, version)))
+        done.append(Write(key, version, times.take(key, version), sent, ack))
         if paced and n:
             if between > READS_PER_WRITE * 1.1:
                 pause = min(PACE_MAX_S, max(pause, PACE_MIN_S) * min(2.0, between / READS_PER_WRITE))
@@ -627,11 +498,7 @@ def judge_invalidation(writes: Sequence[Write], results: Sequence[dict[str, Any]
     """Every worker's reads judged by the oracle: stale against the applied
     time, monotonic within the worker (the workers do not write, so there is
     no read-your-writes to judge)."""
-    oracle = Oracle([*initial_versions(keys), *(w.oracle() for w in writes)])
-    verdict = Verdict()
-    for r in results:
-        rows = {"docs": r["keys"], **{name: r[name] for name in ("versions", "applied", "starts", "ends")}}
-        verdict = verdict + judge(rows, oracle=oracle, label=f"worker {r['index']}: ")
+    verdict = judge_all([{**r, "docs": r["keys"]} for r in results], Oracle([*initial_versions(keys), *writes]))
     return {**verdict.counts(), "examples": list(verdict.examples)}
 
 
@@ -649,12 +516,13 @@ def run_invalidation(
     status: Status | None = None,
 ) -> dict[str, Any]:
     """Part 2 for one path ("shared" or "local"): start the owner (shared) and
-    the workers, write, collect, compute; every process is ended before this
-    returns or raises. The collection is dropped afterwards."""
+    the workers (``coherence``'s readers, by ``_id`` in rounds), write,
+    collect, compute; every process is ended before this returns or raises.
+    The collection is dropped afterwards."""
     if path not in INV_PATHS:
         raise ValueError(f"path must be one of {INV_PATHS}")
     status = status or Status(quiet=True)
-    coll_name = f"invalidation_{path}"
+    label, coll_name = f"invalidation/{path}", f"invalidation_{path}"
     raws = _documents(keys, INV_DOC_BYTES, f"{seed}/inv/{path}")
     times = WriteTimes()
     with contextlib.ExitStack() as stack:
@@ -662,29 +530,28 @@ def run_invalidation(
         coll = client[db][coll_name]
         stack.callback(kit.quietly, coll.drop)
         kit.insert_raw(coll, raws)
-        spec = {"uri": uri, "db": db, "coll": coll_name, "keys": keys, "raws": raws, "timeout": timeout}
-        spec["shared_name"] = None
-        if path == "shared":
-            status(f"invalidation/{path}: starting the owner")
-            spec["shared_name"] = stack.enter_context(_owner("cqc-wl-inv", uri)).name
-        pool = stack.enter_context(kit.Pool(workers, keys=keys, timeout=timeout))
-        status(f"invalidation/{path}: starting {workers} workers")
-        pool.start([{**spec, "index": w, "seed": f"{seed}/inv/{path}/{w}"} for w in range(workers)], _inv_worker)
-        pool.meet("start (workers warm)")
+        spec = {
+            "db": db, "coll": coll_name, "api": "sync", "total": keys, "groups": 0, "raws": raws, "timeout": timeout,
+            "seed": f"{seed}/inv/{path}", "weights": {coherence.ID: 1}, "rounds": True, "until": "versions",
+            "tail_ns": TAIL_NS, "local": LOCAL,
+        }  # fmt: skip
+        pool = coherence.start_readers(
+            stack, uri, spec, path=path, workers=workers, status=status, label=label, keys=keys
+        )
         coll.update_one({"_id": -1}, {"$set": {"version": 0}})  # opens the write path; no event
-        status(f"invalidation/{path}: {writes} writes, one per {READS_PER_WRITE} reads")
+        status(f"{label}: {writes} writes, one per {READS_PER_WRITE} reads")
         started = time.perf_counter()
         done, reads_while_writing, pauses = _write_loop(coll, pool, writes, keys, seed, timeout, times, paced)
         for k in range(keys):
             pool.shared.final[k] = max((w.version for w in done if w.key == k), default=1)
         pool.shared.stop.value = 1
-        status(f"invalidation/{path}: waiting for every worker to observe the final versions")
-        results = pool.collect(timeout=timeout + 30)
+        status(f"{label}: waiting for every worker to observe the final versions")
+        results = [{**r, "keys": r["docs"]} for r in pool.collect(timeout=timeout + 30)]
         wall = time.perf_counter() - started
 
-    mismatches = [m for r in results for m in r["mismatches"]]
+    mismatches = [m for r in results for m in r["examples"]]
     if mismatches:
-        raise BenchmarkFailed(f"invalidation/{path}: wrong documents read, e.g.:\n  " + "\n  ".join(mismatches))
+        raise BenchmarkFailed(f"{label}: wrong documents read, e.g.:\n  " + "\n  ".join(mismatches))
     out = {**invalidation_latencies(done, results), **judge_invalidation(done, results, keys)}
     out.update({name: sum(r[name] for r in results) for name in ("reads", "hits", "misses", "bypasses", "behind")})
     out.update(
@@ -694,7 +561,7 @@ def run_invalidation(
             "reads_while_writing": reads_while_writing,
             "reads_per_write": reads_while_writing / len(done) if done else float("nan"),
             "hit_ratio": out["hits"] / out["reads"] if out["reads"] else float("nan"),
-            "workers_unobserved_at_exit": sum(bool(r["unobserved_at_exit"]) for r in results),
+            "workers_unobserved_at_exit": sum(bool(r["unfinished"]) for r in results),
             "write_ack": summarize([w.ack_ns - w.sent_ns for w in done]),
             "pause_after_read_us": summarize([int(p * 1e9) for p in pauses]) if pauses else {},
             "write_phase_s": (done[-1].ack_ns - done[0].sent_ns) / 1e9 if done else 0.0,
@@ -773,7 +640,7 @@ def build_report(
             "reads_per_write": READS_PER_WRITE,
             "invalidation_document_bytes": INV_DOC_BYTES,
             "owner": dict(kit.OWNER_GEOMETRY),
-            "local": {"budget_bytes": LOCAL_BUDGET_BYTES, "slot_count": LOCAL_SLOTS},
+            "local": {k: LOCAL[k] for k in ("budget_bytes", "slot_count")},
             "max_await_time_ms": MAX_AWAIT_TIME_MS,
             "min_hit_ratio": MIN_HIT_RATIO,
             "min_invalidation_hit_ratio": MIN_INV_HIT_RATIO,
