@@ -23,12 +23,6 @@ from client_query_cache._core.engine import decode_bson
 from . import _kit as kit
 
 SCHEMA = "client-query-cache/hit-path/1"
-#: After the warm-up, before the timed reads: two rounds of the change stream
-#: (max_await_time_ms 1 s) and a margin. The warm-up's misses raised the causal
-#: floor; until a stream round proves it reached, a hit is served only by the
-#: memo of the process's own misses, which hashes its copy (floor.h). The timed
-#: hits are the steady state's.
-SETTLE_S = 2.5
 METHOD = {
     "interleaving": "decode, hit, direct per sample, in a random order drawn per sample "
     "(seeded), random document order",
@@ -37,7 +31,7 @@ METHOD = {
     "decode": "bson._bson_to_dict(raw, collection.codec_options)",
     "verification": "every sampled result compared with the inserted document "
     "after its stop timestamp; every timed cache read a hit (process-local and shared)",
-    "settle": f"{SETTLE_S:g} s between the warm-up and the timed reads (SETTLE_S: the stream proves the floor)",
+    "settle": f"{kit.SETTLE_S:g} s between the warm-up and the timed reads (the stream proves the floor)",
     "costs": "the cache's own cost of a hit: its p50 minus the decode's p50 of the same loop",
 }
 SHARED_METHOD = (
@@ -105,7 +99,7 @@ async def _measure_async(
             decode_bson(raw_by_id[d["_id"]], codec)
             await cached.find_one({"_id": d["_id"]})
             await coll.find_one({"_id": d["_id"]})
-        await asyncio.sleep(SETTLE_S)
+        await asyncio.sleep(kit.SETTLE_S)
         before = manager.snapshot()
         # (name, call, awaited): the decode is not awaited; its result is the document.
         ops = [
@@ -197,7 +191,7 @@ def _measure_shared(
             # to MongoDB until the stream has applied what the misses saw.
             for manager, view in ((local, local_docs), (shared, shared_docs)):
                 kit.warm_ready(manager, _by_id(view, expected), 30)
-            time.sleep(SETTLE_S)
+            time.sleep(kit.SETTLE_S)
             before = (local.snapshot(), shared.snapshot())
             views = {"local_hit": local_docs, "hit": shared_docs}
             times, mismatches = _interleave(coll, views, order, expected, raw_by_id, seed, "shared_")
@@ -243,7 +237,7 @@ def _measure_scale(uri: str, db_name: str, most: int, samples: int, seed: int) -
                     kit.warm_ready(manager, _by_id(view, [{"_id": i} for i in order[:1000]]), 60)
                     expected = {i: bson.decode(raws[i], codec) for i in order}
                     by_id = {i: raws[i] for i in order}
-                    time.sleep(SETTLE_S)
+                    time.sleep(kit.SETTLE_S)
                     before = manager.snapshot()
                     times, mismatches = _interleave(coll, {"hit": view}, order, expected, by_id, seed + size, "", direct=False)
                     counts = kit.counted(before, manager.snapshot())
@@ -284,7 +278,7 @@ def _run(uri: str, docs: int, samples: int, seed: int, shared: bool, scale: int)
                 decode_bson(raw_by_id[d["_id"]], codec)
                 cached.find_one({"_id": d["_id"]})
                 coll.find_one({"_id": d["_id"]})
-            time.sleep(SETTLE_S)
+            time.sleep(kit.SETTLE_S)
             before = manager.snapshot()
             setup_seconds = time.perf_counter() - setup_started
             order = [rng.randrange(docs) for _ in range(samples)]

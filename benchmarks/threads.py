@@ -21,7 +21,6 @@ import pymongo
 from client_query_cache._core.engine import decode_bson
 
 from . import _kit as kit
-from .hit_path import SETTLE_S
 
 SCHEMA = "client-query-cache/threads/1"
 #: How many threads (sync) or tasks (async) read at once.
@@ -130,7 +129,7 @@ async def _measure(
         view = manager[db]["docs"]
         codec = client[db]["docs"].codec_options
         await kit.warmed_ready(manager, [lambda i=i: view.find_one({"_id": i}) for i in range(len(expected))], 30)
-        await asyncio.sleep(SETTLE_S)  # the steady state's hits, as in hit_path
+        await asyncio.sleep(kit.SETTLE_S)
         reads: dict[str, Callable[[int], Any]] = {
             "hit": lambda i: view.find_one({"_id": i}),
             "decode": lambda i: decode_bson(raws[i], codec),
