@@ -156,6 +156,17 @@ class Expected:
 # -- quantiles, counters, managers -----------------------------------------------
 
 
+def orders(ops: int, samples: int, seed: int | str) -> list[list[int]]:
+    """The order of ``ops`` operations in each of ``samples`` interleaved
+    samples: a random permutation each (seeded). A fixed or rotating order
+    gives some operation a given predecessor more often than the others: a
+    direct read, which evicts much of the CPU caches, makes the operation after
+    it slower (rotating three, the first two follow it twice and once in three
+    samples, the third never)."""
+    rng = random.Random(seed)
+    return [rng.sample(range(ops), ops) for _ in range(samples)]
+
+
 def quantile(sorted_values: Sequence[float], p: float) -> float:
     """Nearest-rank quantile: the value at index ceil(p/100*n) - 1."""
     n = len(sorted_values)

@@ -111,7 +111,7 @@ async def _measure_async(
         clock = time.perf_counter_ns
         mismatches = 0
         gc.collect()
-        for i, perm in zip(order, _orders(len(ops), len(order), seed), strict=True):
+        for i, perm in zip(order, kit.orders(len(ops), len(order), seed), strict=True):
             want = expected[i]
             raw = raw_by_id[i]
             filt = {"_id": i}
@@ -130,28 +130,19 @@ async def _measure_async(
     return times
 
 
-def _orders(ops: int, samples: int, seed: int) -> list[list[int]]:
-    """The order of the ops in each sample: a random permutation (seeded). A
-    fixed or rotating order would give some op the direct read, which trashes
-    the CPU caches, as its predecessor more often than the others (rotating
-    three ops: the first two follow it twice and once in three samples)."""
-    rng = random.Random(seed)
-    return [rng.sample(range(ops), ops) for _ in range(samples)]
-
-
 def _interleave(
     coll: Any,
     views: dict[str, Any],
     order: list[int],
     expected: Any,
-    raw_by_id: dict[int, bytes],
+    raw_by_id: Any,
     seed: int,
     prefix: str = "",
     direct: bool = True,
 ) -> tuple[dict[str, list[int]], int]:
     """Time the decode, a ``find_one`` through each cached view of ``coll``
     and (if ``direct``) a direct ``find_one`` once per sample, in a random
-    order per sample (``_orders``), and check every result after its stop
+    order per sample (``kit.orders``), and check every result after its stop
     timestamp. Returns samples per op (named with ``prefix``) and mismatches."""
     codec = coll.codec_options
     ops = [("decode", lambda f, raw: decode_bson(raw, codec))]
@@ -162,7 +153,7 @@ def _interleave(
     clock = time.perf_counter_ns
     mismatches = 0
     gc.collect()
-    for i, perm in zip(order, _orders(len(ops), len(order), seed), strict=True):
+    for i, perm in zip(order, kit.orders(len(ops), len(order), seed), strict=True):
         want = expected[i]
         raw = raw_by_id[i]
         filt = {"_id": i}
@@ -217,7 +208,6 @@ def _measure_scale(uri: str, db_name: str, most: int, samples: int, seed: int) -
         raws = [bson.encode({"_id": i, "n": i, "s": f"v{i:07d}"}) for i in range(most)]
         kit.progress(f"scale: inserting {most} small documents...")
         kit.insert_raw(coll, raws, batch=10_000)
-        codec = coll.codec_options
         # Room for every entry with the table at most half full.
         slots = max(1024, 1 << (2 * most - 1).bit_length())
         sizes: dict[str, Any] = {}
@@ -231,26 +221,31 @@ def _measure_scale(uri: str, db_name: str, most: int, samples: int, seed: int) -
                     for _ in pool.map(lambda i: view.find_one({"_id": i}), range(filled, size), chunksize=256):
                         pass
                     filled = size
-                    if manager.snapshot().entries < size:
-                        raise kit.BenchmarkFailed(f"scale: {manager.snapshot().entries} entries for {size} documents")
                     order = [rng.randrange(size) for _ in range(samples)]
-                    kit.warm_ready(manager, _by_id(view, [{"_id": i} for i in order[:1000]]), 60)
-                    expected = {i: bson.decode(raws[i], codec) for i in order}
-                    by_id = {i: raws[i] for i in order}
-                    time.sleep(kit.SETTLE_S)
-                    before = manager.snapshot()
-                    times, mismatches = _interleave(coll, {"hit": view}, order, expected, by_id, seed + size, "", direct=False)
-                    counts = kit.counted(before, manager.snapshot())
-                    _verify(f"scale {size}: ", mismatches, counts["hits"], counts["misses"], samples)
-                    sizes[str(size)] = {name: kit.summarize(t) for name, t in times.items()} | {
-                        "entries": manager.snapshot().entries
-                    }
+                    sizes[str(size)] = _scale_step(manager, view, coll, raws, size, order, seed + size)
     first, last = sizes[str(_scale_sizes(most)[0])], sizes[str(most)]
     return {
         "sizes": sizes,
         "hit_p50_last_over_first": last["hit"]["p50_us"] / first["hit"]["p50_us"],
         "decode_p50_last_over_first": last["decode"]["p50_us"] / first["decode"]["p50_us"],
     }
+
+
+def _scale_step(
+    manager: Any, view: Any, coll: Any, raws: list[bytes], size: int, order: list[int], seed: int
+) -> dict[str, Any]:
+    """One size of the scale phase, documents 0..size-1 admitted: hits of
+    ``order`` interleaved with decoding, every hit checked."""
+    if manager.snapshot().entries < size:
+        raise kit.BenchmarkFailed(f"scale: {manager.snapshot().entries} entries for {size} documents")
+    kit.warm_ready(manager, _by_id(view, [{"_id": i} for i in order[:1000]]), 60)
+    expected = {i: bson.decode(raws[i], coll.codec_options) for i in order}
+    time.sleep(kit.SETTLE_S)
+    before = manager.snapshot()
+    times, mismatches = _interleave(coll, {"hit": view}, order, expected, raws, seed, direct=False)
+    counts = kit.counted(before, manager.snapshot())
+    _verify(f"scale, {size} documents: ", mismatches, counts["hits"], counts["misses"], len(order))
+    return {name: kit.summarize(t) for name, t in times.items()} | {"entries": manager.snapshot().entries}
 
 
 def _run(uri: str, docs: int, samples: int, seed: int, shared: bool, scale: int) -> dict[str, Any]:

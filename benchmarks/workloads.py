@@ -209,9 +209,12 @@ class _Cell:
         self.current[p][key] = version
         self.writes[p].append(Write(key, version, self.paths.times[p].take(key, version), t0, t1))
 
-    def run(self, where: str, plan: list[tuple[bool, int]], status: Status) -> tuple[float, dict[str, Any]]:
-        """Warm the paths, run the plan interleaved over them (the path order
-        rotating), verify; the wall time and each path's figures."""
+    def run(
+        self, where: str, plan: list[tuple[bool, int]], orders: list[list[int]], status: Status
+    ) -> tuple[float, dict[str, Any]]:
+        """Warm the paths, run the plan interleaved over them (operation j in
+        the path order ``orders[j]``, see ``kit.orders``), verify; the wall
+        time and each path's figures."""
         keys, timeout = len(self.current["direct"]), self.paths.timeout
         status(f"{where}: warming up")
         warm_passes = {
@@ -223,13 +226,12 @@ class _Cell:
         for p in PATHS:  # opens the write path; matches nothing, so no change event
             self.writers[p].update_one({"_id": -1}, {"$set": {"version": 0}})
         before = self.paths.counters()
-        rotations = [PATHS[r:] + PATHS[:r] for r in range(len(PATHS))]
 
         status(f"{where}: {len(plan)} operations x 3 paths")
         gc.collect()
         started = time.perf_counter()
-        for j, (is_read, key) in enumerate(plan):
-            for p in rotations[j % len(rotations)]:
+        for j, ((is_read, key), order) in enumerate(zip(plan, orders, strict=True)):
+            for p in (PATHS[k] for k in order):
                 if is_read:
                     self.read(p, key, j)
                 else:
@@ -284,7 +286,8 @@ def run_cell(
     for p in PATHS:
         kit.insert_raw(paths.raw(p, coll_name), raws)
     try:
-        wall, figures = _Cell(paths, coll_name, raws).run(f"{mix}/{size}", plan, status)
+        orders = kit.orders(len(PATHS), len(plan), f"{seed}/order/{mix}/{size}")
+        wall, figures = _Cell(paths, coll_name, raws).run(f"{mix}/{size}", plan, orders, status)
     finally:
         # Dropped at once: the next cells do not share a budget with this one.
         for p in PATHS:
@@ -582,8 +585,9 @@ def run_invalidation(
 
 METHOD = {
     "matrix": "one process; per cell, identical documents in one database per path; the same seeded operation "
-    "sequence runs on the three paths interleaved operation by operation (path order rotating); reads "
-    "find_one({'_id': k}), writes update_one({'_id': k}, {'$set': {'version': v}}); keys Zipf(0.99)-distributed "
+    "sequence runs on the three paths interleaved operation by operation (their order a random permutation "
+    "per operation, seeded); reads find_one({'_id': k}), writes update_one({'_id': k}, {'$set': {'version': v}}); "
+    "keys Zipf(0.99)-distributed "
     "over the cell's documents; cached paths warmed until a whole pass hits; each cell's collections are "
     "dropped after it",
     "direct": "Collection.with_options(read_concern=ReadConcern('majority')).find_one",
