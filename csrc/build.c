@@ -153,7 +153,7 @@ datetime_by (dt_mode_t mode, int64_t millis)
 /* Whether `mode` makes, for each sample instant, an object of the same
  * type, equal and with the same repr as PyMongo's decoder makes of
  * {"d": <UTC datetime millis>}. */
-static bool
+static bool __attribute__ ((cold))
 datetime_mode_matches (dt_mode_t mode)
 {
    static const int64_t samples[] = {
@@ -197,7 +197,7 @@ datetime_mode_matches (dt_mode_t mode)
  * singleton pointers are the datetime module's own objects (so the prefix
  * is laid out as dt_capi_t says) and its constructor's objects match
  * PyMongo's; otherwise datetimes are made by calling the class. */
-static void
+static void __attribute__ ((cold))
 set_up_datetime (void)
 {
    static const char *const names[] = {"date", "datetime", "time", "timedelta", "tzinfo"};
@@ -279,7 +279,7 @@ same_by (PyObject *a, PyObject *b, const char *const *attrs)
  * like that (__new__ is object's, the slot is a member descriptor, no
  * instance __dict__) and an object made so is indistinguishable from
  * ObjectId(b): same type, equal, same binary, repr, hash and state. */
-static void
+static void __attribute__ ((cold))
 set_up_objectid (void)
 {
    static const uint8_t sample[12] = {0x65, 0x01, 0x02, 0x03, 0x04, 0x05,
@@ -356,7 +356,7 @@ static const uint8_t canary[] = {
  * in the same order, floats bit for bit, other values equal with equal
  * reprs, and the documents inside Code (scope) and DBRef (id, extra
  * fields) compared the same way. */
-static bool
+static bool __attribute__ ((cold))
 same_tree (PyObject *a, PyObject *b, int depth)
 {
    static const char *const inner[] = {"scope", "id", "collection", "database",
@@ -420,7 +420,7 @@ same_tree (PyObject *a, PyObject *b, int depth)
  * decoder makes it, and as one list entry too. A PyMongo release that
  * converted some type otherwise would fail this, and leave every hit to
  * its decoder. */
-static bool
+static bool __attribute__ ((cold))
 canary_matches (void)
 {
    PyObject *bytes = PyBytes_FromStringAndSize ((const char *) canary, sizeof canary);
@@ -443,7 +443,7 @@ canary_matches (void)
    return ok;
 }
 
-static bool
+static bool __attribute__ ((cold))
 set_up (void)
 {
    struct {
@@ -520,7 +520,7 @@ static unsigned g_codec_next;
 /* Whether `codec` decodes as DEFAULT_CODEC_OPTIONS does: PyMongo's decoder
  * reads the codec options as a tuple of seven items, so each item must have
  * the default's exact type and be equal to it. */
-static bool
+static bool __attribute__ ((cold))
 codec_judge (PyObject *codec)
 {
    Py_ssize_t i, n = PyTuple_Size (g.default_codec);
@@ -723,7 +723,7 @@ string_at (const uint8_t *p, size_t avail, size_t *used)
  * under uuid_representation UNSPECIFIED) are declined unless 16 bytes long
  * (PyMongo before 4.20 refuses other lengths, 4.20 takes them); subtype 2
  * (the old binary) carries its own length, which must agree. */
-static PyObject *
+static PyObject *__attribute__ ((cold))
 binary_at (const uint8_t *p, size_t avail, size_t *used)
 {
    uint32_t n;
@@ -788,7 +788,7 @@ utf8_ok (const uint8_t *p, size_t n)
  * (read as PyMongo reads them: known letters set bits, others are
  * ignored). Flags that are not UTF-8 are declined: PyMongo 4.20 refuses
  * them, earlier releases ignore them. */
-static PyObject *
+static PyObject *__attribute__ ((cold))
 regex_at (const uint8_t *p, size_t avail, size_t *used)
 {
    const uint8_t *pe = memchr (p, 0, avail), *f, *fe;
@@ -830,7 +830,7 @@ regex_at (const uint8_t *p, size_t avail, size_t *used)
 /* Code with scope (type 15): int32 total, string, document; the total
  * must be exactly the sum of its parts. The scope is a plain document (no
  * DBRef conversion of the scope itself, as in PyMongo). */
-static PyObject *
+static PyObject *__attribute__ ((cold))
 code_w_scope_at (builder_t *b, const uint8_t *p, size_t avail, size_t *used)
 {
    uint32_t total;
@@ -859,64 +859,21 @@ code_w_scope_at (builder_t *b, const uint8_t *p, size_t avail, size_t *used)
    return v;
 }
 
-/* The value of `type` at p, within avail bytes (up to its container's
- * terminating NUL); *used is set to its size. */
-static PyObject *
-value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *used)
+/* The rare types: made by PyMongo's classes, kept out of the hot code
+ * (cold: placed apart, so the common path stays within fewer cache
+ * lines). Same contract as value_at. */
+static PyObject *__attribute__ ((noinline, cold))
+rare_value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *used)
 {
    PyObject *x, *y, *v;
-   double dbl;
-   uint64_t u;
    size_t n;
 
    switch (type) {
-   case 0x01: /* double */
-      if (avail < 8) {
-         return NULL;
-      }
-      u = le64 (p);
-      memcpy (&dbl, &u, 8);
-      *used = 8;
-      return PyFloat_FromDouble (dbl);
-   case 0x02: /* string */
-   case 0x0E: /* symbol: a str as well */
-      return string_at (p, avail, used);
-   case 0x03: /* document */
-      if (avail < 4) {
-         return NULL;
-      }
-      *used = le32 (p);
-      return build_doc (b, p, avail, true);
-   case 0x04: /* array */
-      if (avail < 4) {
-         return NULL;
-      }
-      *used = le32 (p);
-      return build_array (b, p, avail);
    case 0x05:
       return binary_at (p, avail, used);
    case 0x06: /* undefined */
-   case 0x0A: /* null */
       *used = 0;
       return Py_NewRef (Py_None);
-   case 0x07:
-      if (avail < 12) {
-         return NULL;
-      }
-      *used = 12;
-      return objectid_by (g.oid_fast, p);
-   case 0x08: /* boolean: 0 or 1, anything else is declined */
-      if (avail < 1 || p[0] > 1) {
-         return NULL;
-      }
-      *used = 1;
-      return Py_NewRef (p[0] ? Py_True : Py_False);
-   case 0x09:
-      if (avail < 8) {
-         return NULL;
-      }
-      *used = 8;
-      return datetime_by (g.dt_mode, (int64_t) le64 (p));
    case 0x0B:
       return regex_at (p, avail, used);
    case 0x0C: /* DBPointer: DBRef(collection, ObjectId) */
@@ -937,14 +894,10 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
       v = PyObject_CallFunctionObjArgs (g.code, x, NULL);
       Py_DECREF (x);
       return v;
+   case 0x0E: /* symbol: a str */
+      return string_at (p, avail, used);
    case 0x0F:
       return code_w_scope_at (b, p, avail, used);
-   case 0x10: /* int32 */
-      if (avail < 4) {
-         return NULL;
-      }
-      *used = 4;
-      return PyLong_FromLong ((long) (int32_t) le32 (p));
    case 0x11: /* Timestamp(time, inc): the increment comes first */
       if (avail < 8) {
          return NULL;
@@ -985,6 +938,70 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
    }
 }
 
+/* The value of `type` at p, within avail bytes (up to its container's
+ * terminating NUL); *used is set to its size. The types of most documents
+ * here, the rest in rare_value_at. */
+static PyObject *
+value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *used)
+{
+   double dbl;
+   uint64_t u;
+
+   switch (type) {
+   case 0x01: /* double */
+      if (avail < 8) {
+         return NULL;
+      }
+      u = le64 (p);
+      memcpy (&dbl, &u, 8);
+      *used = 8;
+      return PyFloat_FromDouble (dbl);
+   case 0x02: /* string */
+      return string_at (p, avail, used);
+   case 0x03: /* document */
+      if (avail < 4) {
+         return NULL;
+      }
+      *used = le32 (p);
+      return build_doc (b, p, avail, true);
+   case 0x04: /* array */
+      if (avail < 4) {
+         return NULL;
+      }
+      *used = le32 (p);
+      return build_array (b, p, avail);
+   case 0x07:
+      if (avail < 12) {
+         return NULL;
+      }
+      *used = 12;
+      return objectid_by (g.oid_fast, p);
+   case 0x08: /* boolean: 0 or 1, anything else is declined */
+      if (avail < 1 || p[0] > 1) {
+         return NULL;
+      }
+      *used = 1;
+      return Py_NewRef (p[0] ? Py_True : Py_False);
+   case 0x09:
+      if (avail < 8) {
+         return NULL;
+      }
+      *used = 8;
+      return datetime_by (g.dt_mode, (int64_t) le64 (p));
+   case 0x0A: /* null */
+      *used = 0;
+      return Py_NewRef (Py_None);
+   case 0x10: /* int32 */
+      if (avail < 4) {
+         return NULL;
+      }
+      *used = 4;
+      return PyLong_FromLong ((long) (int32_t) le32 (p));
+   default:
+      return rare_value_at (b, type, p, avail, used);
+   }
+}
+
 /* ======================================================================== */
 /* Documents and arrays                                                     */
 /* ======================================================================== */
@@ -994,7 +1011,7 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
  * str and "$db" is absent, None or a str, made the way PyMongo makes it
  * (the three keys taken out, the rest passed as its extra fields).
  * Consumes d. */
-static PyObject *
+static PyObject *__attribute__ ((cold))
 dbref_of (PyObject *d)
 {
    PyObject *ref = PyDict_GetItemWithError (d, g.s_ref);
