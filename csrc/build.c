@@ -73,10 +73,10 @@ static struct {
 #define MILLIS_MIN (-62135596800000LL)
 #define MILLIS_MAX 253402300799999LL
 
-/* Deepest nesting the builder follows before it declines; PyMongo's decoder
- * is bounded by the interpreter's recursion limit, which Py_EnterRecursiveCall
- * also checks here, at the same points. */
-#define MAX_DEPTH 200
+/* Deepest nesting (in recursion levels, below) the builder follows before
+ * it declines, whatever the interpreter's recursion limit: a bound on its
+ * own C stack. */
+#define MAX_LEVEL 200
 
 static inline uint32_t
 le32 (const uint8_t *p)
@@ -694,9 +694,38 @@ nul_at (const uint8_t *p, size_t n)
 /* Values                                                                   */
 /* ======================================================================== */
 
+/* Recursion levels. PyMongo's decoder enters one (Py_EnterRecursiveCall)
+ * for each document and around each array element, and fails with the
+ * interpreter's RecursionError where the levels it holds reach the limit.
+ * The builder counts the same levels but holds only as many as the deepest
+ * level reached so far, entering one more when it goes deeper: the check
+ * runs at each new depth, so it fails at the same depth as PyMongo's (at
+ * one more level, for the call PyMongo's decoder would be), and costs a
+ * call into the interpreter only per new depth instead of per element.
+ * build_entry leaves them all at the end. */
 typedef struct {
-   int depth;
+   int level;   /* the levels PyMongo's decoder would hold here */
+   int entered; /* Py_EnterRecursiveCall calls held: the deepest level so far */
 } builder_t;
+
+static inline bool
+level_in (builder_t *b)
+{
+   if (b->level >= b->entered) {
+      if (b->level >= MAX_LEVEL || Py_EnterRecursiveCall (" while decoding a BSON document")) {
+         return false;
+      }
+      b->entered++;
+   }
+   b->level++;
+   return true;
+}
+
+static inline void
+level_out (builder_t *b)
+{
+   b->level--;
+}
 
 static PyObject *build_doc (builder_t *b, const uint8_t *p, size_t avail, bool dbref);
 static PyObject *build_array (builder_t *b, const uint8_t *p, size_t avail);
@@ -1065,13 +1094,9 @@ build_doc (builder_t *b, const uint8_t *p, size_t avail, bool dbref)
    PyObject *d = NULL;
    bool has_ref = false, has_id = false;
 
-   if (!container_ok (p, avail) || b->depth >= MAX_DEPTH) {
+   if (!container_ok (p, avail) || !level_in (b)) {
       return NULL;
    }
-   if (Py_EnterRecursiveCall (" while decoding a BSON document")) {
-      return NULL;
-   }
-   b->depth++;
    end = le32 (p) - 1;
    if (!(d = PyDict_New ())) {
       goto cleanup;
@@ -1111,8 +1136,7 @@ build_doc (builder_t *b, const uint8_t *p, size_t avail, bool dbref)
       d = dbref_of (d);
    }
 cleanup:
-   b->depth--;
-   Py_LeaveRecursiveCall ();
+   level_out (b);
    return d;
 }
 
@@ -1125,11 +1149,10 @@ build_array (builder_t *b, const uint8_t *p, size_t avail)
    size_t pos = 4, end, used;
    PyObject *list;
 
-   if (!container_ok (p, avail) || b->depth >= MAX_DEPTH || !(list = PyList_New (0))) {
+   if (!container_ok (p, avail) || !(list = PyList_New (0))) {
       return NULL;
    }
    end = le32 (p) - 1;
-   b->depth++;
    while (pos < end) {
       uint8_t type = p[pos++];
       size_t nlen = nul_at (p + pos, end - pos);
@@ -1142,9 +1165,9 @@ build_array (builder_t *b, const uint8_t *p, size_t avail)
       }
       pos += nlen + 1;
       used = 0;
-      if (!Py_EnterRecursiveCall (" while decoding a list value")) {
+      if (level_in (b)) {
          v = value_at (b, type, p + pos, end - pos, &used);
-         Py_LeaveRecursiveCall ();
+         level_out (b);
       }
       r = v ? PyList_Append (list, v) : -1;
       Py_XDECREF (v);
@@ -1154,7 +1177,6 @@ build_array (builder_t *b, const uint8_t *p, size_t avail)
       }
       pos += used;
    }
-   b->depth--;
    return list;
 }
 
@@ -1186,7 +1208,7 @@ build_entry (const uint8_t *buf, size_t len, bool many, bool *declined)
    *declined = false;
    /* One level for the call itself: PyMongo's decoder, called through
     * tp_call, starts one level deeper than this function does. */
-   if (Py_EnterRecursiveCall (" while calling a Python object")) {
+   if (!level_in (&b)) {
       goto cleanup;
    }
    if (!many) {
@@ -1203,8 +1225,10 @@ build_entry (const uint8_t *buf, size_t len, bool many, bool *declined)
          pos += size;
       }
    }
-   Py_LeaveRecursiveCall ();
 cleanup:
+   while (b.entered-- > 0) {
+      Py_LeaveRecursiveCall ();
+   }
    if (!res) {
       /* Declined, or an Exception from a call (PyMongo's decoder will meet
        * the same bytes and raise its own); a BaseException is the caller's. */

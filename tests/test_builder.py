@@ -24,6 +24,7 @@ result or error. Checked three ways:
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import pickle
 import struct
@@ -489,6 +490,45 @@ def test_nesting_past_the_builder_s_depth_gives_what_pymongo_gives() -> None:
         for i in range(depth):
             data = document([(3 if i % 2 else 4, b"0", data)])
         check_bytes(data)
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="from 3.12 the C recursion limit is not sys.setrecursionlimit's"
+)
+def test_near_the_recursion_limit_the_builder_never_builds_what_pymongo_refuses() -> None:
+    # PyMongo's decoder fails with the interpreter's RecursionError (as
+    # InvalidBSON) where its recursion levels reach the limit; the builder
+    # counts the same levels and must decline at that depth or before.
+    def attempt(call: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - comparing behaviours
+            return exc
+
+    documents_ = []
+    for depth in range(1, 90):
+        data = document([(16, b"leaf", i32(depth))])
+        for i in range(depth):
+            data = document([(3 if i % 2 else 4, b"0", data)])
+        documents_.append(data)
+    results = []
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 60)
+    try:
+        for data in documents_:
+            theirs = attempt(lambda: decode_bson(data, DEFAULT_CODEC_OPTIONS))
+            ours = attempt(lambda: _native._build(data))
+            results.append((theirs, ours))
+    finally:
+        sys.setrecursionlimit(limit)
+    refused = 0
+    for depth, (theirs, ours) in enumerate(results, 1):
+        if isinstance(theirs, Exception):
+            refused += 1
+            assert ours is NotImplemented, f"depth {depth}: built what PyMongo refuses ({theirs!r})"
+        elif ours is not NotImplemented:
+            assert_strict_equal(ours, theirs)
+    assert refused > 0, "the limit was never reached: the test proves nothing"
 
 
 def test_field_names_that_share_their_ends_are_told_apart() -> None:
