@@ -3,7 +3,8 @@
  *
  * Types and functions only: converting arguments and results, raising the
  * exceptions the core's errors call for (error.h), holding the GIL or
- * releasing it, and decoding hits with the caller's decoder. The logic is
+ * releasing it. A hit's objects are made by build.c (built from the entry
+ * under the default codec options, else the caller's decoder). The logic is
  * the core's: a cache and its three modes (cache.c), the arena (arena.c),
  * keys and identity filters (keys.c), admission (admit.c), the causal floor
  * (floor.c), change-stream followers (stream.c), the owner's drain
@@ -15,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "build.h"
 #include "cache.h"
 
 #include <pthread.h>
@@ -45,7 +47,7 @@ static long g_after_blocks;
 typedef struct {
    PyObject_HEAD
    cqc_cache_t c;
-   PyObject *decode;        /* decode(bytes, codec_options); NULL for an owner */
+   PyObject *decode;        /* decode(bytes, codec_options) (build.h); NULL for an owner */
    PyObject *objectid_type; /* bson.objectid.ObjectId; NULL for an owner */
    PyObject *forked_error;  /* raised when used after fork() */
    PyObject *closed_error;  /* raised when used after close() */
@@ -324,53 +326,31 @@ Cache_closed (CacheObject *self, void *Py_UNUSED (closure))
 /* Lookups, capture and admission                                           */
 /* ======================================================================== */
 
-/* The arena copies a hit's value straight into a new bytes object. */
-static void *
-alloc_bytes (void *ctx, size_t len)
-{
-   PyObject **bytes = ctx;
-   if (!(*bytes = PyBytes_FromStringAndSize (NULL, (Py_ssize_t) len))) {
-      PyErr_Clear ();
-      return NULL;
-   }
-   return PyBytes_AsString (*bytes);
-}
-
-static void
-discard_bytes (void *ctx)
-{
-   Py_CLEAR (*(PyObject **) ctx);
-}
-
 /* Build the key (keys.h) and look it up; returns a new reference (the
- * entry decoded with decode(bytes, codec_options), None, or a sentinel) or
- * NULL with an exception. */
+ * entry as decode(bytes, codec_options) makes it, built by build.c when it
+ * can be, None, or a sentinel) or NULL with an exception. */
 static PyObject *
 lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
             const uint8_t *filter, uint32_t flen, const uint8_t *rest, uint32_t rlen,
             PyObject *codec_options, PyObject *decode)
 {
-   PyObject *bytes = NULL;
    cqc_served_t served;
    cqc_key_t k;
-   PyObject *doc;
+   cqc_hit_t hit;
 
    if (!set_key_error (cqc_key_build (&k, kind, ns_idx, filter, flen, rest, rlen))) {
       return NULL;
    }
-   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, filter, flen, alloc_bytes,
-                              discard_bytes, &bytes);
+   cqc_hit_begin (&hit, decode, codec_options);
+   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, filter, flen, cqc_hit_alloc,
+                              cqc_hit_discard, &hit);
    cqc_key_free (&k);
    if (served != CQC_SERVE_HIT) {
       PyObject *answer[] = {[CQC_SERVE_NOT_FOUND] = Py_None, [CQC_SERVE_MISS] = g_miss,
                             [CQC_SERVE_UNHEALTHY] = g_unhealthy, [CQC_SERVE_BEHIND] = g_behind};
       return Py_NewRef (answer[served]);
    }
-   /* PyObject_Vectorcall is not in the 3.11 limited API; this call builds
-    * no tuple either (CPython passes the arguments on the C stack). */
-   doc = PyObject_CallFunctionObjArgs (decode, bytes, codec_options, NULL);
-   Py_DECREF (bytes);
-   return doc;
+   return cqc_hit_finish (&hit);
 }
 
 /* {"_id": v} for the values the fast path takes (keys.h): the BSON length,
@@ -823,6 +803,7 @@ PyInit__native (void)
    g_behind = PyUnicode_FromString ("<cache behind>");
    if (!cache_type || !g_miss || !g_unhealthy || !g_fallback || !g_behind ||
        PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
+       PyModule_AddFunctions (m, cqc_build_methods) < 0 ||
        PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
        PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
        PyModule_AddObjectRef (m, "FALLBACK", g_fallback) < 0 ||

@@ -123,7 +123,9 @@ class Cache:
 
     def lookup_id(self, ns_idx: int, db_idx: int, id: object, codec_options: Any, /) -> Any:
         """The document, None (cached "not found"), MISS, UNHEALTHY, BEHIND,
-        or FALLBACK when the ``_id`` is not an int, str or ObjectId."""
+        or FALLBACK when the ``_id`` is not an int, str or ObjectId. The
+        document is what the cache's decoder makes of the entry with
+        ``codec_options``; under the default ones csrc/build.c builds it."""
 
     def lookup(
         self,
@@ -136,8 +138,10 @@ class Cache:
         decode: Callable[[bytes, Any], Any] = ...,
         /,
     ) -> Any:
-        """``decode(bytes, codec_options)`` of the entry, None, MISS, UNHEALTHY
-        or BEHIND."""
+        """``decode(bytes, codec_options)`` of the entry (built by csrc/build.c
+        when ``decode`` is ``bson._bson_to_dict`` or ``bson._decode_all`` and
+        ``codec_options`` are the defaults), None, MISS, UNHEALTHY or
+        BEHIND."""
 
     def capture(self, ns_idx: int, filter: Buffer, /) -> bytes | None:
         """The admission token, or None when the stream does not serve."""
@@ -205,3 +209,19 @@ class Cache:
 def after_blocks(n: int, /) -> None:
     """How many ``after()`` blocks are open in the process: while any is,
     ``lookup_id`` answers FALLBACK, so the read checks the block's token."""
+
+# The document builder's private functions (csrc/build.c), for tests.
+
+def _build(data: Buffer, many: bool = ..., /) -> Any:
+    """The builder's objects of ``data`` (one document, or a list of the
+    documents end to end), or NotImplemented when it declines them."""
+
+def _build_hit(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
+    """What a hit whose entry is ``data`` returns with this decoder."""
+
+def _build_info() -> dict[str, Any]:
+    """Whether the builder is ready, its fast paths, and how this process's
+    hits were made (built, declined, decoded)."""
+
+def _build_codec_ok(codec_options: Any, /) -> bool:
+    """Whether hits under these codec options are built."""

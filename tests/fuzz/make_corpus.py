@@ -353,7 +353,62 @@ def ring_recheck_seeds() -> None:
           + patch(0, 24, struct.pack("<Q", 1 << 20)) + b"\0\0")
 
 
+# ------------------------------------------------------- the builder ---
+
+
+def build_seeds() -> None:
+    """fuzz_build: a mode byte (1: one document, 0: documents end to end),
+    then the entry: every type the builder makes, nesting, DBRef-shaped
+    documents, and what PyMongo refuses."""
+    oid = bytes(range(12))
+    scalars = doc(
+        dbl("f", -1.5), utf8("s", "h\u00e9"), el(0x08, "t", b"\x01"), el(0x0A, "n", b""),
+        el(0x07, "o", oid), el(0x09, "d", struct.pack("<q", -1)), i32("i", -2), i64("l", 2**40),
+        el(0x13, "m", struct.pack("<QQ", 7, 0x3040000000000000)), el(0x11, "ts", struct.pack("<II", 4, 3)),
+        el(0xFF, "mn", b""), el(0x7F, "mx", b""), el(0x06, "un", b""), el(0x0E, "sy", string("y")),
+    )  # fmt: skip
+    binaries = doc(
+        el(0x05, "b0", struct.pack("<i", 2) + b"\x00ab"), el(0x05, "b1", struct.pack("<i", 1) + b"\x01z"),
+        el(0x05, "u4", struct.pack("<i", 16) + b"\x04" + bytes(16)),
+        el(0x05, "old", struct.pack("<i", 5) + b"\x02" + struct.pack("<i", 1) + b"z"),
+        el(0x05, "user", struct.pack("<i", 1) + b"\x80q"),
+    )  # fmt: skip
+    code = doc(
+        el(0x0B, "r", cstr("^a.*") + cstr("imsulx")), el(0x0D, "c", string("f()")),
+        el(0x0F, "cs", struct.pack("<i", 4 + len(string("g")) + len(doc(i32("v", 1)))) + string("g")
+           + doc(i32("v", 1))),
+        el(0x0C, "dp", string("coll") + oid),
+    )  # fmt: skip
+    dbref = doc(
+        subdoc("r", doc(utf8("$ref", "c"), el(0x07, "$id", oid), utf8("$db", "d"), i32("x", 1))),
+        subdoc("no_db", doc(i32("x", 1), utf8("$ref", "c"), i32("$id", 2))),
+        subdoc("db_null", doc(utf8("$ref", "c"), i32("$id", 2), el(0x0A, "$db", b""))),
+        subdoc("not_ref", doc(i32("$ref", 1), i32("$id", 2))),
+    )  # fmt: skip
+    nested = doc(array("a", subdoc("0", doc(array("b", array("0", dbl("0", 1.0)), subdoc("1", doc())))),
+                       i32("1", 5)))
+    keys = doc(*(i32(name, i) for i, name in enumerate(
+        ["a", "abcdefgh", "abcdefghX12345678", "abcdefghY12345678", "\u65e5\u672c", "k" * 70])))
+    for name, d in [("scalars", scalars), ("binaries", binaries), ("code", code), ("dbref", dbref),
+                    ("nested", nested), ("keys", keys), ("empty", doc())]:
+        write("build", name, b"\x01" + d)
+    write("build", "list", b"\x00" + scalars + nested + doc())
+    write("build", "list_empty", b"\x00")
+    refused = {
+        "date_after_9999": doc(el(0x09, "d", struct.pack("<q", 253402300800000))),
+        "bad_utf8_key": doc(b"\x10\xff\x00" + b"\0\0\0\0"),
+        "bad_utf8_value": doc(el(0x02, "s", struct.pack("<i", 2) + b"\xff\0")),
+        "uuid_short": doc(el(0x05, "u", struct.pack("<i", 2) + b"\x03ab")),
+        "bool_2": doc(el(0x08, "t", b"\x02")),
+        "unknown_type": doc(el(0x20, "x", b"")),
+        "truncated": scalars[:-7],
+    }
+    for name, d in refused.items():
+        write("build", name, b"\x01" + d)
+
+
 def main() -> None:
+    build_seeds()
     keys_seeds()
     stream_seeds()
     arena_patch_seeds()
