@@ -381,7 +381,8 @@ def test_a_datetime_out_of_range_raises_what_pymongo_raises(millis: int) -> None
     with pytest.raises(Exception) as theirs:
         bson.decode(data)
     assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
-    assert "out of range" in str(ours.value)
+    # PyMongo's message quotes CPython's, whose words change between versions.
+    assert isinstance(ours.value, bson.errors.InvalidBSON)
 
 
 def test_what_some_pymongo_releases_refuse_is_left_to_the_installed_one() -> None:
