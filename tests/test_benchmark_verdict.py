@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import _kit as kit
-from benchmarks import collection_reads, hit_path, public_shared_cache
+from benchmarks import collection_reads, hit_path, public_shared_cache, threads
 
 TARGETS = (kit.Target("ratios.*.hot", "<=", 0.2), kit.Target("ratios.a.cold", ">=", 1.0))
 
@@ -60,6 +60,7 @@ def test_the_ratio_harnesses_name_figures_their_reports_have():
         hit_path: {"ratios": dict.fromkeys(
             ["hit_over_direct_p50", "async_hit_over_direct_p50", "hit_over_decode_p50", "async_hit_over_decode_p50"], 1.0
         )},
+        threads: {"ratios": dict.fromkeys(["threads_2_throughput_over_one_thread"], 1.0)},
         collection_reads: {"ratios": {"find": {"hot_cached_over_direct_p50": 1.0, "cold_cached_over_direct_p50": 1.0}}},
         public_shared_cache: {"summary": {m: dict.fromkeys(
             ["shared_over_direct_hot_p50", "shared_over_independent_hot_p50", "pss_shared_over_independent_hot"], 1.0
@@ -68,3 +69,6 @@ def test_the_ratio_harnesses_name_figures_their_reports_have():
     for module, shape in shapes.items():
         v = kit.verdict(shape, module.TARGETS, quick=False)
         assert v["targets"] and all(t["value"] == 1.0 for t in v["targets"]), module.__name__
+    shared = {"ratios": dict.fromkeys(["shared_hit_over_decode_p50", "shared_over_local_p50"], 1.0)}
+    v = kit.verdict(shared, hit_path.SHARED_TARGETS, quick=False)
+    assert v["targets"] and all(t["value"] == 1.0 for t in v["targets"])
