@@ -47,6 +47,7 @@ from .classify import (
     classify_estimated_document_count,
     classify_find,
     classify_find_one,
+    classify_id,
     collection_bypass,
 )
 from .causal import BLOCKS, after_floor
@@ -167,19 +168,18 @@ class CollectionCore:
                 if type(result) is not str:  # a document or None; the sentinels are str
                     return result
                 if result is not FALLBACK:
-                    return self.start_find_one(filter, (), {}, looked_up=result)
+                    # MISS or UNHEALTHY: start_find_one's steps with the
+                    # lookup done, and the plan this filter is known to
+                    # have (classify_id; PyMongo checks nothing of it).
+                    return self._start(lambda: classify_id(id_value, self.codec), result)
         return self.start_find_one(filter, (), {})
 
-    def start_find_one(
-        self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], looked_up: Any = None
-    ) -> Step:
-        """``find_one(filter, *args, **kwargs)``: classify, look up (unless
-        ``looked_up`` already holds the fast path's MISS or UNHEALTHY), and
-        say what the facade must do next."""
+    def start_find_one(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        """``find_one(filter, *args, **kwargs)``: classify, look up, and say
+        what the facade must do next."""
         return self._start(
             lambda: classify_find_one(filter, args, kwargs, self.codec),
-            looked_up,
-            lambda: check_find_one(self.raw, filter, args, kwargs),
+            check=lambda: check_find_one(self.raw, filter, args, kwargs),
         )
 
     def start_count_documents(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
