@@ -295,7 +295,7 @@ class CollectionCore:
     def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
         engine = self.engine
         reason = engine.verdict(self.ns, key)
-        if reason is None:
+        if reason is None and self.ns.collation[1] is not None:
             # Looked up before the probe told of a default collation: key
             # the read under it before its token is taken.
             collated = self._under_default_collation(plan, key)
@@ -336,7 +336,7 @@ class CollectionCore:
         PyMongo would have returned."""
         plan = step.plan
         assert plan is not None and step.token is not None
-        self.observe(step.observed)
+        self.engine.observe(self._db_name, step.observed)
         kind = plan.kind
         if kind == KIND_FIND_ONE:
             value = None if result is None else result.raw
@@ -344,11 +344,17 @@ class CollectionCore:
             value = bson.encode({"v": result}, codec_options=_VALUES_CODEC)
         else:
             value = bson.encode({"n": result})
-        rebind = value is not None and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
+        rebind = (
+            value is not None
+            and plan.unique_fields is not None
+            and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
+        )
         self._admit(step, plan, value, 1, rebind)
         if value is None:
             return None
-        if kind == KIND_FIND_ONE or kind == KIND_DISTINCT:
+        if kind == KIND_FIND_ONE:
+            return decode_bson(value, self.codec)
+        if kind == KIND_DISTINCT:
             return _hit_value(plan, decode_bson(value, self.codec))
         return result
 
