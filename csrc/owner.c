@@ -65,15 +65,20 @@ sleep_ns (uint64_t ns)
 }
 
 /* The drain thread polls: a worker's push costs no syscall and no wake-up.
- * While records arrive it looks every millisecond, draining whatever came
- * meanwhile in one pass (admission is not urgent: a later hit is all it
- * buys, and the token check makes a late admission safe); after a second
- * without records it looks every 10 ms. A poll that restarted at a few
- * microseconds after each record cost several wake-ups per admission, a
- * CPU bill paid on the cores the workers and the database share. */
+ * After a pass that drained records it looks again a millisecond later,
+ * draining whatever came meanwhile in one pass (admission is not urgent: a
+ * later hit is all it buys, and the token check makes a late admission
+ * safe); after each pass that found none it waits twice as long as the time
+ * before, up to 10 ms. A steady stream of misses is so admitted within
+ * about a millisecond, and 15 ms after the last record the thread is down
+ * to 100 wake-ups a second. A poll that restarted at a few microseconds
+ * after each record cost several wake-ups per admission, a CPU bill paid
+ * on the cores the workers and the database share; one that stayed at a
+ * millisecond for a second after the last record woke a thousand times in
+ * that second, each wake-up on a busy machine a preemption of some worker's
+ * read (the shared cache's hot p99, docs/benchmarks.md). */
 #define DRAIN_BUSY_NS 1000000ull
 #define DRAIN_IDLE_NS 10000000ull
-#define DRAIN_IDLE_AFTER_NS 1000000000ull
 
 /* The owner was frozen (stopped, starved) past the heartbeat timeout:
  * workers stopped trusting it, and its streams' backlog may hold
@@ -104,7 +109,7 @@ static void *
 drain_main (void *arg)
 {
    cqc_owner_t *o = arg;
-   uint64_t last_beat = 0, last_record = 0;
+   uint64_t last_beat = 0, pause = DRAIN_BUSY_NS;
 
    for (;;) {
       uint64_t n = 0, now;
@@ -130,10 +135,8 @@ drain_main (void *arg)
          __atomic_store_n (&o->w.arena->hdr->heartbeat_ns, now, __ATOMIC_RELEASE);
          last_beat = now;
       }
-      if (n) {
-         last_record = now;
-      }
-      sleep_ns (now - last_record < DRAIN_IDLE_AFTER_NS ? DRAIN_BUSY_NS : DRAIN_IDLE_NS);
+      pause = n ? DRAIN_BUSY_NS : (pause * 2 < DRAIN_IDLE_NS ? pause * 2 : DRAIN_IDLE_NS);
+      sleep_ns (pause);
    }
    return NULL;
 }

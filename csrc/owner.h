@@ -2,8 +2,9 @@
  * owner.h - the shared-cache owner's writer loop: draining the workers'
  * admission rings into the arena, and publishing a heartbeat.
  *
- * One drain thread per owner. It polls every attached ring (every 1 ms
- * while records arrive, every 10 ms after a second without any), admits each
+ * One drain thread per owner. It polls every attached ring (1 ms after a
+ * pass that found records, then twice as long after each pass that found
+ * none, up to 10 ms), admits each
  * record through cqc_admit (admit.h), the path a process-local admission
  * takes, and stores CLOCK_MONOTONIC into the arena header's heartbeat every
  * 100 ms. Workers

@@ -20,8 +20,10 @@ from typing import Any
 import bson
 import pymongo
 import pytest
-from bson.codec_options import CodecOptions
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions, TypeRegistry
 from bson.decimal128 import Decimal128
+from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
 from bson.timestamp import Timestamp
@@ -29,6 +31,7 @@ from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
 from client_query_cache import BypassReason
+from client_query_cache._core.classify import ReadPlan, classify_find_one, classify_id
 from support import ARGUMENT_BYPASSES, Driver, async_outcome, bypass_delta, stream_of, wait_until
 
 
@@ -217,6 +220,48 @@ async def test_find_one_by_value_is_cached_like_an_id_filter(d, client, other_cl
         return await d.r(coll.find_one(5)) == {"_id": 5, "v": "cinq"}
 
     await d.wait_until(updated, what="the update is seen")
+
+
+#: _id values of every type the C fast path encodes itself, at the edges of
+#: their encodings (int32 and int64, multi-byte UTF-8).
+FAST_IDS = [0, -1, 2**31 - 1, 2**31, -(2**63), 2**63 - 1, "", "id-\u00e9\u20ac\U0001d11e", "x" * 300, ObjectId()]
+
+
+@pytest.mark.parametrize(
+    "codec_options",
+    [
+        CodecOptions(),
+        CodecOptions(tz_aware=True, uuid_representation=UuidRepresentation.STANDARD, document_class=SON),
+        CodecOptions(type_registry=TypeRegistry(fallback_encoder=lambda value: str(value))),
+    ],
+    ids=["default", "tz_uuid_son", "fallback_encoder"],
+)
+def test_the_fast_paths_miss_plan_is_the_plan_classification_gives(codec_options):
+    for value in FAST_IDS:
+        fast = classify_id(value, codec_options)
+        classified = classify_find_one({"_id": value}, (), {}, codec_options)
+        assert type(fast) is type(classified) is ReadPlan, value
+        for slot in ReadPlan.__slots__:
+            assert getattr(fast, slot) == getattr(classified, slot), (value, slot)
+        assert type(fast.args[0]) is dict and type(fast.args[0]["_id"]) is type(value)
+
+
+async def test_a_miss_on_the_fast_path_and_a_classified_read_share_one_entry(d, client, db_name):
+    # find_one(filter, None) is classified (it has an argument); find_one(filter)
+    # takes the C fast path. Each admits what the other then hits.
+    client[db_name].items.insert_many([{"_id": v, "v": i} for i, v in enumerate(FAST_IDS)])
+    cache = d.manager()
+    coll = await d.ready(cache, db_name)
+    for i, value in enumerate(FAST_IDS):
+        first, second = (coll.find_one, lambda f: coll.find_one(f, None))[:: 1 if i % 2 else -1]
+        before = cache.snapshot()
+        assert await d.r(first({"_id": value})) == {"_id": value, "v": i}
+        middle = cache.snapshot()
+        # Served from the entry the first read admitted: no miss, no admission.
+        assert await d.served(cache, lambda: second({"_id": value})) == {"_id": value, "v": i}
+        after = cache.snapshot()
+        assert (middle.misses, middle.admissions) == (before.misses + 1, before.admissions + 1), value
+        assert (after.misses, after.admissions) == (middle.misses, middle.admissions), value
 
 
 # -- namespace events -----------------------------------------------------------

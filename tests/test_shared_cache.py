@@ -1336,3 +1336,36 @@ def test_a_drained_ring_keeps_few_pages_resident_in_the_worker(group, client, db
     assert info.st_blocks * 512 >= info.st_size, "the ring's blocks are reserved"
     resident = _mapping_rss_bytes(ring)
     assert 0 < resident < 1024 * 1024, resident
+
+
+def _voluntary_switches(pid: int) -> int:
+    """How often the threads of process ``pid`` have gone to sleep so far
+    (each sleep ends in a wake-up)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text(encoding="utf-8").splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def test_the_owner_stops_polling_every_millisecond_soon_after_admissions_stop(group, client, db_name):
+    # The drain thread looks again 1 ms after a pass that admitted records
+    # and waits twice as long after each empty one, up to 10 ms: in the
+    # second that follows the last admission the owner's threads wake about
+    # a hundred times, not a thousand (each wake-up, on a busy host, is a
+    # preemption of some worker's read).
+    docs = [{"_id": i, "v": i} for i in range(50)]
+    seed(client, db_name, "items", docs)
+    owner = group.start_owner()
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    for doc in docs:
+        assert coll.find_one({"_id": doc["_id"]}) == doc
+    wait_until(lambda: owner.snapshot()["entries"] == len(docs), what="every admission is applied")
+    time.sleep(0.05)
+    before = _voluntary_switches(owner.pid)
+    time.sleep(1.0)
+    woke = _voluntary_switches(owner.pid) - before
+    assert 0 < woke < 400, woke

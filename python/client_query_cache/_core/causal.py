@@ -68,7 +68,7 @@ def bound_session_getter(asynchronous: bool) -> Callable[[], Any]:
 def client_cluster_time(client: Any) -> int:
     """The highest cluster time ``client`` has received, 0 if none yet."""
     cluster_time = client._topology.max_cluster_time()
-    if not cluster_time:
+    if cluster_time is None:  # PyMongo keeps None or a document it received
         return 0
     ts = cluster_time["clusterTime"]
     return (ts.time << 32) | ts.inc

@@ -45,6 +45,7 @@ from .reasons import BypassReason
 __all__ = [
     "ReadPlan",
     "classify_find_one",
+    "classify_id",
     "classify_count_documents",
     "classify_estimated_document_count",
     "classify_distinct",
@@ -491,6 +492,18 @@ def classify_find_one(
     if filter is not None and not isinstance(filter, Mapping):
         filter = {"_id": filter}  # PyMongo's find_one(value) shorthand
     return _classify_find(KIND_FIND_ONE, filter, args, kwargs, codec_options)
+
+
+def classify_id(id_value: Any, codec_options: CodecOptions[Any]) -> ReadPlan | BypassReason:
+    """``classify_find_one({"_id": id_value}, (), {}, codec_options)`` for an
+    ``id_value`` of a ``FAST_ID_TYPES`` type, built without walking the
+    filter: the plan of a miss of the C fast path. The miss reads a filter
+    of its own (the caller's dict may change while the read is in flight)."""
+    canonical = {"_id": id_value}
+    filter_bytes = _encode(canonical, codec_options)
+    if filter_bytes is None:
+        return BypassReason.UNENCODABLE
+    return ReadPlan(KIND_FIND_ONE, filter_bytes, b"", "find_one", (canonical, None), {})
 
 
 def classify_find(

@@ -47,6 +47,7 @@ from .classify import (
     classify_estimated_document_count,
     classify_find,
     classify_find_one,
+    classify_id,
     collection_bypass,
 )
 from .causal import BLOCKS, after_floor
@@ -167,19 +168,18 @@ class CollectionCore:
                 if type(result) is not str:  # a document or None; the sentinels are str
                     return result
                 if result is not FALLBACK:
-                    return self.start_find_one(filter, (), {}, looked_up=result)
+                    # MISS or UNHEALTHY: start_find_one's steps with the
+                    # lookup done, and the plan this filter is known to
+                    # have (classify_id; PyMongo checks nothing of it).
+                    return self._start(lambda: classify_id(id_value, self.codec), result)
         return self.start_find_one(filter, (), {})
 
-    def start_find_one(
-        self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], looked_up: Any = None
-    ) -> Step:
-        """``find_one(filter, *args, **kwargs)``: classify, look up (unless
-        ``looked_up`` already holds the fast path's MISS or UNHEALTHY), and
-        say what the facade must do next."""
+    def start_find_one(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        """``find_one(filter, *args, **kwargs)``: classify, look up, and say
+        what the facade must do next."""
         return self._start(
             lambda: classify_find_one(filter, args, kwargs, self.codec),
-            looked_up,
-            lambda: check_find_one(self.raw, filter, args, kwargs),
+            check=lambda: check_find_one(self.raw, filter, args, kwargs),
         )
 
     def start_count_documents(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
@@ -295,7 +295,7 @@ class CollectionCore:
     def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
         engine = self.engine
         reason = engine.verdict(self.ns, key)
-        if reason is None:
+        if reason is None and self.ns.collation[1] is not None:
             # Looked up before the probe told of a default collation: key
             # the read under it before its token is taken.
             collated = self._under_default_collation(plan, key)
@@ -336,7 +336,7 @@ class CollectionCore:
         PyMongo would have returned."""
         plan = step.plan
         assert plan is not None and step.token is not None
-        self.observe(step.observed)
+        self.engine.observe(self._db_name, step.observed)
         kind = plan.kind
         if kind == KIND_FIND_ONE:
             value = None if result is None else result.raw
@@ -344,11 +344,17 @@ class CollectionCore:
             value = bson.encode({"v": result}, codec_options=_VALUES_CODEC)
         else:
             value = bson.encode({"n": result})
-        rebind = value is not None and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
+        rebind = (
+            value is not None
+            and plan.unique_fields is not None
+            and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
+        )
         self._admit(step, plan, value, 1, rebind)
         if value is None:
             return None
-        if kind == KIND_FIND_ONE or kind == KIND_DISTINCT:
+        if kind == KIND_FIND_ONE:
+            return decode_bson(value, self.codec)
+        if kind == KIND_DISTINCT:
             return _hit_value(plan, decode_bson(value, self.codec))
         return result
 
