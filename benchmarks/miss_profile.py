@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
-import multiprocessing
-import os
 import random
 import secrets
 import time
@@ -37,27 +34,13 @@ from typing import Any
 import pymongo
 from pymongo.read_concern import ReadConcern
 
-MiB = 1 << 20
-#: The owner geometry of benchmarks.public_shared_cache.
-GEOMETRY = {"arena_bytes": 40 * MiB, "budget_bytes": 32 * MiB, "slots": 16384}
+from . import _kit as kit
+
 SERIES = ("miss", "direct", "miss_cpu", "direct_cpu", "diff", "fast_find_one", "miss_read", "finish")
 
 
 def _p50(values: list[int]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(len(ordered) / 2) - 1)] / 1e3
-
-
-def _document(i: int, rng: random.Random) -> dict[str, Any]:
-    """About 4 KiB of BSON, like the benchmark's documents."""
-    return {
-        "_id": i,
-        "name": f"user-{i:06d}",
-        "score": rng.random(),
-        "tags": [f"tag{rng.randint(0, 999)}" for _ in range(12)],
-        "history": [{"event": "view", "value": rng.random(), "count": rng.randint(0, 999)} for _ in range(16)],
-        "bio": "lorem ipsum " * 280,
-    }
+    return kit.quantile(sorted(values), 50) / 1e3
 
 
 async def _measure(spec: dict[str, Any], start: Any) -> dict[str, list[int]]:
@@ -134,9 +117,7 @@ def _worker(spec: dict[str, Any], barrier: Any, results: Any) -> None:
 
 
 def _run(uri: str, db: str, path: str, mode: str, workers: int, samples: int, first_id: int) -> dict[str, float]:
-    import client_query_cache as cqc
-
-    owner = cqc.SharedCache.start(f"missprof-{os.getpid()}-{secrets.token_hex(3)}", uri, **GEOMETRY) if path == "shared" else None
+    owner = kit.start_owner(kit.new_name("missprof"), uri, **kit.OWNER_GEOMETRY) if path == "shared" else None
     per_worker = 3 * (samples + 10)
     specs = [
         {"uri": uri, "db": db, "mode": mode, "owner": owner.name if owner else None, "samples": samples,
@@ -147,11 +128,9 @@ def _run(uri: str, db: str, path: str, mode: str, workers: int, samples: int, fi
         if workers == 1:
             parts = [asyncio.run(_measure(specs[0], lambda: None))]
         else:
-            ctx = multiprocessing.get_context("spawn")
+            ctx = kit.context()
             barrier, results = ctx.Barrier(workers), ctx.Queue()
-            procs = [ctx.Process(target=_worker, args=(spec, barrier, results)) for spec in specs]
-            for p in procs:
-                p.start()
+            procs = [kit.spawn(_worker, spec, barrier, results) for spec in specs]
             parts = [results.get(timeout=900) for _ in procs]
             for p in procs:
                 p.join(60)
@@ -160,10 +139,7 @@ def _run(uri: str, db: str, path: str, mode: str, workers: int, samples: int, fi
                 raise RuntimeError(f"a worker failed: {failed[0]}")
     finally:
         if owner is not None:
-            owner.stop()
-            from client_query_cache._core.shared import paths_for
-
-            paths_for(owner.name)["lock"].unlink(missing_ok=True)  # the name was this run's own
+            kit.stop_owner(owner)
     pooled = {k: [v for part in parts for v in part[k]] for k in SERIES}
     report = {f"{k}_p50_us": _p50(v) for k, v in pooled.items()}
     report["miss_over_direct_p50"] = report["miss_p50_us"] / report["direct_p50_us"]
@@ -179,16 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="local,shared")
     parser.add_argument("--modes", default="sync,async")
     args = parser.parse_args(argv)
-    from client_query_cache.testing import disposable_uri
-
     rng = random.Random(20261205)
     per_run = 3 * (args.samples + 10) * args.workers
     runs = [(p, m) for p in args.paths.split(",") for m in args.modes.split(",")]
-    with disposable_uri() as uri:
+    with kit.server() as uri:
         setup: Any = pymongo.MongoClient(uri)
         db = f"cqc_miss_profile_{secrets.token_hex(4)}"
         try:
-            docs = [_document(i, rng) for i in range(per_run * len(runs) + 1)]
+            docs = [kit.make_document(i, rng) for i in range(per_run * len(runs) + 1)]
             for start in range(0, len(docs), 500):
                 setup[db]["c"].insert_many(docs[start : start + 500])
             for n, (path, mode) in enumerate(runs):
