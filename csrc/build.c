@@ -1359,6 +1359,47 @@ cqc_hit_finish (cqc_hit_t *h)
    return res;
 }
 
+/* decoded(data, decode, codec_options) -> decode(data, codec_options)'s
+ * result, built straight from `data` where a hit with this decoder and these
+ * codec options would be built: a miss's copy for its caller, the same
+ * objects as a hit of its entry, in less time than PyMongo's decoder. Built
+ * in place only from a read-only buffer (bytes, or PyMongo's read-only
+ * memoryview of a reply), which nothing can change while the builder calls
+ * back into Python; any other object, and declined bytes, go to `decode`,
+ * which returns its result or raises its own error. */
+static PyObject *
+mod_decoded (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
+{
+   cqc_hit_t hit;
+   Py_buffer view;
+   PyObject *res;
+   bool declined = true;
+
+   if (nargs != 3) {
+      PyErr_SetString (PyExc_TypeError, "decoded(data, decode, codec_options) takes 3 arguments");
+      return NULL;
+   }
+   cqc_hit_begin (&hit, args[1], args[2]);
+   if (hit.how != CQC_HIT_DECODE && PyObject_CheckBuffer (args[0])) {
+      if (PyObject_GetBuffer (args[0], &view, PyBUF_SIMPLE) < 0) {
+         PyErr_Clear (); /* the decoder says what is wrong with it */
+      } else if (!view.readonly) {
+         PyBuffer_Release (&view);
+      } else {
+         res = cqc_build (view.buf, (size_t) view.len, hit.how == CQC_HIT_ALL, &declined);
+         PyBuffer_Release (&view);
+         g_built += res != NULL;
+         g_declined += declined;
+         if (!declined) {
+            return res;
+         }
+         return PyObject_CallFunctionObjArgs (args[1], args[0], args[2], NULL);
+      }
+   }
+   g_decoded++;
+   return PyObject_CallFunctionObjArgs (args[1], args[0], args[2], NULL);
+}
+
 /* ======================================================================== */
 /* Private functions for the tests                                          */
 /* ======================================================================== */
@@ -1428,6 +1469,8 @@ mod_build_codec_ok (PyObject *Py_UNUSED (m), PyObject *codec)
 }
 
 PyMethodDef cqc_build_methods[] = {
+   {"decoded", (PyCFunction) (void (*) (void)) mod_decoded, METH_FASTCALL,
+    "decoded(data, decode, codec_options): a miss's copy, built as a hit's would be."},
    {"_build", mod_build, METH_VARARGS, "_build(data, many=False): the builder's objects."},
    {"_build_hit", mod_build_hit, METH_VARARGS, "_build_hit(data, decode, codec): a hit's object."},
    {"_build_info", mod_build_info, METH_NOARGS, "_build_info(): the builder's fast paths."},

@@ -94,8 +94,10 @@ PyObject *cqc_hit_finish (cqc_hit_t *h);
  * available or a BaseException that is not an Exception was raised. */
 PyObject *cqc_build (const uint8_t *buf, size_t len, bool many, bool *declined);
 
-/* The module's private functions for tests (_native._build and
- * _native._build_codec_ok); PyModule_AddFunctions takes them. */
+/* The module's functions: _native.decoded (a miss's copy for its caller,
+ * built as a hit's would be) and the private ones for tests (_native._build,
+ * _build_hit, _build_info, _build_codec_ok); PyModule_AddFunctions takes
+ * them. */
 extern PyMethodDef cqc_build_methods[];
 
 #endif

@@ -266,6 +266,17 @@ def check_bytes(data: bytes) -> None:
         assert want[0] == "returned", f"built what PyMongo refuses: {want}"
         assert_strict_equal(built, want[1])
     assert_same_outcome(outcome(lambda: _native._build_hit(data, decode_bson, DEFAULT_CODEC_OPTIONS)), want)
+    check_decoded(data, decode_bson)
+
+
+def check_decoded(data: bytes, decode: Any) -> None:
+    """A miss's copy (``_native.decoded``) of the same bytes returns or
+    raises what ``decode`` does with them: as bytes, as the read-only
+    memoryview PyMongo 4.18+ gives for large raw documents, and as a
+    bytearray (mutable: always left to the decoder)."""
+    for given in (data, memoryview(data), bytearray(data)):
+        want = outcome(lambda given=given: decode(given, DEFAULT_CODEC_OPTIONS))
+        assert_same_outcome(outcome(lambda given=given: _native.decoded(given, decode, DEFAULT_CODEC_OPTIONS)), want)
 
 
 def check_list(data: bytes) -> None:
@@ -277,6 +288,7 @@ def check_list(data: bytes) -> None:
         assert_strict_equal(built, want[1])
     got = outcome(lambda: _native._build_hit(data, decode_documents, DEFAULT_CODEC_OPTIONS))
     assert_same_outcome(got, want)
+    check_decoded(data, decode_documents)
 
 
 # -- the property tests ------------------------------------------------------------
@@ -296,6 +308,9 @@ def test_valid_documents_are_built_as_pymongo_decodes_them(data: bytes) -> None:
     # A hit: once with the key cache as it is, once more with it warm.
     for _ in range(2):
         assert_strict_equal(_native._build_hit(data, decode_bson, DEFAULT_CODEC_OPTIONS), want)
+    before = _native._build_info()
+    assert_strict_equal(_native.decoded(memoryview(data), decode_bson, DEFAULT_CODEC_OPTIONS), want)
+    assert _native._build_info()["built"] == before["built"] + 1, "a miss's copy was not built"
 
 
 @LIST_PROPERTY
@@ -307,6 +322,7 @@ def test_valid_lists_are_built_as_pymongo_decodes_them(docs: list[bytes]) -> Non
     assert built is not NotImplemented
     assert_strict_equal(built, want)
     assert_strict_equal(_native._build_hit(data, decode_documents, DEFAULT_CODEC_OPTIONS), want)
+    assert_strict_equal(_native.decoded(data, decode_documents, DEFAULT_CODEC_OPTIONS), want)
 
 
 @PROPERTY
@@ -465,8 +481,10 @@ def test_other_codec_options_are_decoded_by_pymongo(codec: CodecOptions) -> None
         got = outcome(lambda: _native._build_hit(data, decode_bson, codec))
         want = outcome(lambda: decode_bson(data, codec))
         assert type(got[1]) is type(want[1]) and repr(got) == repr(want)
+        missed = outcome(lambda: _native.decoded(data, decode_bson, codec))
+        assert type(missed[1]) is type(want[1]) and repr(missed) == repr(want)
         after = _native._build_info()
-        assert (after["decoded"], after["built"]) == (before["decoded"] + 1, before["built"])
+        assert (after["decoded"], after["built"]) == (before["decoded"] + 2, before["built"])
 
 
 def test_default_codec_options_are_recognised_by_value() -> None:
@@ -639,6 +657,29 @@ async def test_real_hits_of_every_type_are_pymongo_s_objects(d, client, db_name)
             after = _native._build_info()
             assert (after["built"], after["declined"]) == (before["built"] + 1, before["declined"]), what
             found = strict_difference(got, await once(plain))
+            assert found is None, f"{what} of {i}: {found}"
+
+
+async def test_real_misses_return_pymongo_s_objects_built_by_the_builder(d, client, db_name) -> None:
+    """A miss's copy for its caller goes through the builder too
+    (``_native.decoded``): a find_one and a find of every type, each a miss."""
+    raw_docs = every_type_documents()
+    client[db_name].items.insert_many([RawBSONDocument(r) for r in raw_docs])
+    cache = d.manager()
+    coll = await d.ready(cache, db_name)
+    plain = d.client()[db_name].items
+    for doc in client[db_name].items.find({}, sort=[("_id", 1)]):
+        i = doc["_id"]
+        for what, read, cursor in (
+            ("find_one", lambda c: c.find_one({"_id": i}), False),
+            ("find", lambda c: c.find({"_id": {"$gte": i}}, sort=[("_id", 1)]), True),
+        ):
+            before, misses = _native._build_info(), cache.snapshot().misses
+            got = await d.docs(read(coll)) if cursor else await d.r(read(coll))
+            assert cache.snapshot().misses == misses + 1, f"{what} of {i} was not a miss"
+            assert _native._build_info()["built"] > before["built"], f"{what} of {i}: the builder did not build"
+            want = await d.docs(read(plain)) if cursor else await d.r(read(plain))
+            found = strict_difference(got, want)
             assert found is None, f"{what} of {i}: {found}"
 
 

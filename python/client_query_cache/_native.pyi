@@ -210,6 +210,11 @@ def after_blocks(n: int, /) -> None:
     """How many ``after()`` blocks are open in the process: while any is,
     ``lookup_id`` answers FALLBACK, so the read checks the block's token."""
 
+def decoded(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
+    """``decode(data, codec_options)``'s result, built by the document
+    builder where a hit with this decoder and these codec options would be
+    (else, or when the builder declines the bytes, ``decode``'s own)."""
+
 # The document builder's private functions (csrc/build.c), for tests.
 
 def _build(data: Buffer, many: bool = ..., /) -> Any:

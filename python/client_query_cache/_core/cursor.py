@@ -22,6 +22,7 @@ from typing import Any
 
 from pymongo.errors import InvalidOperation
 
+from .._native import decoded
 from .engine import decode_documents
 from .read import CollectionCore, Step
 from .reasons import BypassReason
@@ -49,7 +50,7 @@ class Collector:
         """Keep one raw batch; return its documents decoded for the caller."""
         self.since = self.core.observe(self.since)
         self.observations += 1
-        docs = decode_documents(batch, self.core.codec)
+        docs = decoded(batch, decode_documents, self.core.codec)
         self.count += len(docs)
         if not self.oversize:
             self.size += len(batch)

@@ -51,6 +51,7 @@ from .classify import (
     collection_bypass,
 )
 from .causal import BLOCKS, after_floor
+from .._native import decoded
 from .engine import BEHIND, FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
 from .errors import CacheClosedError
 from .reasons import BypassReason
@@ -353,7 +354,7 @@ class CollectionCore:
         if value is None:
             return None
         if kind == KIND_FIND_ONE:
-            return decode_bson(value, self.codec)
+            return decoded(value, decode_bson, self.codec)
         if kind == KIND_DISTINCT:
             return _hit_value(plan, decode_bson(value, self.codec))
         return result
