@@ -55,6 +55,11 @@ RATIOS = {
     "shared_hit_over_decode_p50": ("shared_hit", "shared_decode", "p50_us"),
     "shared_over_local_p50": ("shared_hit", "shared_local_hit", "p50_us"),
     "shared_hit_over_direct_p50": ("shared_hit", "shared_direct", "p50_us"),
+    **{
+        f"{kind}hit_over_decode_p50_after_{what}": (f"{kind}hit_after_{what}", f"{kind}decode_after_{what}", "p50_us")
+        for kind in ("", "async_", "shared_")
+        for what in ("direct", "other")
+    },
 }
 #: The cache's own cost of a hit, in microseconds: (hit, decode) of ``results``.
 COSTS = {
@@ -112,9 +117,10 @@ async def _measure_async(
             ("async_hit", lambda f, raw: cached.find_one(f), True),
             ("async_direct", lambda f, raw: coll.find_one(f), True),
         ]
-        times: dict[str, list[int]] = {name: [] for name, _, _ in ops}
+        times = _by_predecessor([name for name, _, _ in ops])
         clock = time.perf_counter_ns
         mismatches = 0
+        prev = ""
         gc.collect()
         for i, perm in zip(order, kit.orders(len(ops), len(order), seed), strict=True):
             want = expected[i]
@@ -127,7 +133,8 @@ async def _measure_async(
                 if awaited:
                     got = await got
                 t1 = clock()
-                times[name].append(t1 - t0)
+                _record(times, name, prev, t1 - t0)
+                prev = name
                 mismatches += got != want
                 del got
         counts = kit.counted(before, manager.snapshot())
@@ -154,9 +161,10 @@ def _interleave(
     ops += [(name, lambda f, raw, view=view: view.find_one(f)) for name, view in views.items()]
     if direct:
         ops.append(("direct", lambda f, raw: coll.find_one(f)))
-    times: dict[str, list[int]] = {name: [] for name, _ in ops}
+    times = _by_predecessor([name for name, _ in ops])
     clock = time.perf_counter_ns
     mismatches = 0
+    prev = ""
     gc.collect()
     for i, perm in zip(order, kit.orders(len(ops), len(order), seed), strict=True):
         want = expected[i]
@@ -167,10 +175,26 @@ def _interleave(
             t0 = clock()
             got = fn(filt, raw)
             t1 = clock()
-            times[name].append(t1 - t0)
+            _record(times, name, prev, t1 - t0)
+            prev = name
             mismatches += got != want
             del got
     return {prefix + name: t for name, t in times.items()}, mismatches
+
+
+def _by_predecessor(names: list[str]) -> dict[str, list[int]]:
+    """Each op's samples, and those of every op but the direct read split by
+    what ran just before it: the direct read (``<op>_after_direct``), whose
+    network round trip and PyMongo code evict much of the CPU caches (and
+    warm PyMongo's decoder), or another op (``<op>_after_other``)."""
+    split = [f"{name}_after_{what}" for name in names if not name.endswith("direct") for what in ("direct", "other")]
+    return {name: [] for name in names + split}
+
+
+def _record(times: dict[str, list[int]], name: str, prev: str, ns: int) -> None:
+    times[name].append(ns)
+    if not name.endswith("direct"):
+        times[f"{name}_after_{'direct' if prev.endswith('direct') else 'other'}"].append(ns)
 
 
 def _measure_shared(
@@ -351,6 +375,10 @@ def _print(report: dict[str, Any]) -> None:
         if ratio in ratios:
             extra = f"  (the cache's own cost: {costs[cost]:+.2f} us)" if cost else ""
             print(f"{label}: {ratios[ratio]:.4g}{extra}")
+    after = [(k, v) for k, v in ratios.items() if "_after_" in k]
+    if after:
+        shown = ", ".join(f"{k.replace('hit_over_decode_p50_', '')} {v:.3g}" for k, v in after)
+        print(f"hit/decode p50 by the op just before: {shown}")
     if "scale" in report:
         print("scale: hits as the cache fills with small entries (no direct reads between)")
         rows = [
