@@ -221,10 +221,12 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
    c->uri = mode != CQC_MODE_WORKER && cfg->uri ? strdup (cfg->uri) : NULL;
    c->tls_ca_file = c->uri && cfg->tls_ca_file ? strdup (cfg->tls_ca_file) : NULL;
    c->tls_ca_dir = c->uri && cfg->tls_ca_dir ? strdup (cfg->tls_ca_dir) : NULL;
+   c->tls_crl_file = c->uri && cfg->tls_crl_file ? strdup (cfg->tls_crl_file) : NULL;
    if (!c->streams || !c->final_info || !cqc_floor_init (&c->floor, dbs) ||
        (mode != CQC_MODE_WORKER && cfg->uri && !c->uri) ||
        (c->uri && cfg->tls_ca_file && !c->tls_ca_file) ||
-       (c->uri && cfg->tls_ca_dir && !c->tls_ca_dir)) {
+       (c->uri && cfg->tls_ca_dir && !c->tls_ca_dir) ||
+       (c->uri && cfg->tls_crl_file && !c->tls_crl_file)) {
       cqc_error_set (err, CQC_ERR_MEMORY, "out of memory");
       return false;
    }
@@ -299,6 +301,7 @@ cqc_cache_release (cqc_cache_t *c, bool threads)
    }
    free (c->tls_ca_file);
    free (c->tls_ca_dir);
+   free (c->tls_crl_file);
    memset (c, 0, sizeof *c);
 }
 
@@ -330,7 +333,7 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
    }
    pthread_mutex_lock (&c->threads_mu);
    if (c->uri && !c->stopped && !c->streams[*db_idx]) {
-      cqc_trust_t trust = {c->tls_ca_file, c->tls_ca_dir};
+      cqc_trust_t trust = {c->tls_ca_file, c->tls_ca_dir, c->tls_crl_file};
       st = c->streams[*db_idx] = cqc_stream_start (&c->writer, *db_idx, c->arena.dbs[*db_idx].name,
                                                    c->uri, &trust, c->max_await_ms, msg, sizeof msg);
       ok = st != NULL;

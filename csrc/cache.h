@@ -45,6 +45,7 @@ typedef struct {
    const char *uri;                         /* local, owner; NULL: no followers */
    const char *tls_ca_file;                 /* local, owner: cqc_trust_t (stream.h) */
    const char *tls_ca_dir;                  /* local, owner; either may be NULL */
+   const char *tls_crl_file;                /* local, owner; NULL: none */
    long long max_await_ms;                  /* local, owner */
    const char *arena_path;                  /* owner (created), worker (attached) */
    unsigned long long heartbeat_timeout_ms; /* owner */
@@ -73,6 +74,7 @@ typedef struct {
    char *uri; /* NULL: no followers */
    char *tls_ca_file; /* the followers' cqc_trust_t; NULL: none */
    char *tls_ca_dir;
+   char *tls_crl_file;
    int64_t max_await_ms;
    cqc_floor_t floor;
    /* This process's lookups. */

@@ -221,14 +221,14 @@ Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
 {
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",          "max_await_time_ms",
                             "decode",       "objectid_type", "closed_error", "forked_error",
-                            "tls_ca_file",  "tls_ca_dir",    NULL};
+                            "tls_ca_file",  "tls_ca_dir",    "tls_crl_file", NULL};
    cqc_cache_config_t cfg = {0};
    PyObject *decode, *oid, *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zz", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zzz", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms, &decode, &oid,
                                      &closed_error, &forked_error, &cfg.tls_ca_file,
-                                     &cfg.tls_ca_dir)) {
+                                     &cfg.tls_ca_dir, &cfg.tls_crl_file)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_LOCAL, &cfg, decode, oid, closed_error, forked_error);
@@ -241,15 +241,15 @@ Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",
                             "max_await_time_ms",    "arena_path",   "closed_error",
                             "forked_error", "heartbeat_timeout_ms", "arena_bytes",
-                            "tls_ca_file",  "tls_ca_dir",   NULL};
+                            "tls_ca_file",  "tls_ca_dir",   "tls_crl_file", NULL};
    cqc_cache_config_t cfg = {.heartbeat_timeout_ms = 1000};
    PyObject *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KKzz", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KKzzz", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms,
                                      &cfg.arena_path, &closed_error, &forked_error,
                                      &cfg.heartbeat_timeout_ms, &cfg.arena_bytes,
-                                     &cfg.tls_ca_file, &cfg.tls_ca_dir)) {
+                                     &cfg.tls_ca_file, &cfg.tls_ca_dir, &cfg.tls_crl_file)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error);

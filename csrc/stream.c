@@ -27,6 +27,7 @@ struct cqc_stream {
    char *uri;
    char *ca_file; /* cqc_trust_t, owned copies; NULL: none */
    char *ca_dir;
+   char *crl_file;
    int64_t max_await_ms;
 
    pthread_t thread;
@@ -349,35 +350,39 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
 /* A URI that turns TLS on and checks certificates without naming the
  * authorities (tlsCAFile) gets the platform's trust store, s->ca_file and
  * s->ca_dir, instead of the one compiled into libmongoc's OpenSSL (which in
- * the wheel is built for Debian's /etc/ssl). The other fields are read from the
+ * the wheel is built for Debian's /etc/ssl); and a follower given the
+ * application's revocation list (s->crl_file, its tlsCRLFile, which no URI
+ * option carries to libmongoc) checks the server's certificate against it,
+ * with whichever authorities verify. The other fields are read from the
  * URI exactly as libmongoc reads them itself (_mongoc_ssl_opts_from_uri,
  * the same from 1.23 to 2.x), and mongoc_client_set_ssl_opts keeps the
  * OCSP options the client parsed from it: what is verified stays what the
- * URI says; only where the authorities come from changes. Nothing is
- * allocated: libmongoc copies the strings. */
+ * URI says; only where the authorities come from, and the revocation list,
+ * change. Nothing is allocated: libmongoc copies the strings. */
 static void
 use_platform_trust (const cqc_stream_t *s, const mongoc_uri_t *uri, mongoc_client_t *client)
 {
    mongoc_ssl_opt_t opt = {0};
+   const char *uri_ca = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL);
    bool insecure;
 
-   if ((!s->ca_file && !s->ca_dir) || !mongoc_uri_get_tls (uri) ||
-       mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL)) {
+   if (!mongoc_uri_get_tls (uri) || (!s->crl_file && (uri_ca || (!s->ca_file && !s->ca_dir)))) {
       return;
    }
    insecure = mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSINSECURE, false);
    opt.weak_cert_validation =
       mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, insecure);
    if (opt.weak_cert_validation) {
-      return; /* no chain is verified: there are no authorities to find */
+      return; /* no chain is verified: no authorities to find, no list to check */
    }
    opt.allow_invalid_hostname =
       mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, insecure);
    opt.pem_file = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, NULL);
    opt.pem_pwd =
       mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILEPASSWORD, NULL);
-   opt.ca_file = s->ca_file;
-   opt.ca_dir = s->ca_dir;
+   opt.ca_file = uri_ca ? uri_ca : s->ca_file;
+   opt.ca_dir = uri_ca ? NULL : s->ca_dir;
+   opt.crl_file = s->crl_file;
    mongoc_client_set_ssl_opts (client, &opt);
 }
 #endif
@@ -783,10 +788,11 @@ cqc_stream_start (cqc_writer_t *w, uint32_t db_idx, const char *db_name, const c
    s->uri = strdup (uri);
    s->ca_file = trust && trust->ca_file ? strdup (trust->ca_file) : NULL;
    s->ca_dir = trust && trust->ca_dir ? strdup (trust->ca_dir) : NULL;
+   s->crl_file = trust && trust->crl_file ? strdup (trust->crl_file) : NULL;
    pthread_mutex_init (&s->mu, NULL);
    pthread_cond_init (&s->cv, NULL);
    if (!s->db_name || !s->uri || (trust && trust->ca_file && !s->ca_file) ||
-       (trust && trust->ca_dir && !s->ca_dir)) {
+       (trust && trust->ca_dir && !s->ca_dir) || (trust && trust->crl_file && !s->crl_file)) {
       snprintf (err, errlen, "out of memory");
       goto cleanup;
    }
@@ -838,6 +844,7 @@ cqc_stream_destroy (cqc_stream_t *s)
    free (s->uri);
    free (s->ca_file);
    free (s->ca_dir);
+   free (s->crl_file);
    free (s->db_name);
    free (s);
 }

@@ -25,7 +25,9 @@
  * the authorities (no tlsCAFile) verifies against the trust store given to
  * cqc_stream_start (the platform's, resolved by the package), not the one
  * compiled into libmongoc's OpenSSL, so a wheel built on Debian verifies on
- * RHEL too. Everything else about TLS is the URI's, as libmongoc reads it.
+ * RHEL too. A revocation list given with the trust (the application's
+ * tlsCRLFile) is checked too, whatever authorities verify. Everything else
+ * about TLS is the URI's, as libmongoc reads it.
  *
  * Resume: the last resume token is kept across errors. A resume that fails
  * for any reason other than the network (history lost, token unknown) drops
@@ -54,10 +56,13 @@ typedef struct {
 /* The certificate authorities a follower verifies the server with when its
  * URI turns TLS on without tlsCAFile: a PEM bundle, a hashed directory
  * (c_rehash), or both. Both NULL: libmongoc's default (its OpenSSL's
- * SSL_CERT_FILE / SSL_CERT_DIR, else its compiled-in OPENSSLDIR). */
+ * SSL_CERT_FILE / SSL_CERT_DIR, else its compiled-in OPENSSLDIR). crl_file:
+ * the application's tlsCRLFile (a PEM revocation list, which libmongoc takes
+ * only as mongoc_ssl_opt_t.crl_file, not from a URI), or NULL. */
 typedef struct {
    const char *ca_file;
    const char *ca_dir;
+   const char *crl_file;
 } cqc_trust_t;
 
 /* Start following `db_name` (already registered at db_idx). `uri` is copied

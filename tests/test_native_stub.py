@@ -86,6 +86,7 @@ def _values(tmp_path: Path) -> dict[str, object]:
         "arena_bytes": 0,
         "tls_ca_file": None,
         "tls_ca_dir": None,
+        "tls_crl_file": None,
     }
 
 

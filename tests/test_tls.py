@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import pymongo
 import pytest
 
-from client_query_cache import CacheManager, StreamState
+from client_query_cache import CacheManager, SharedCacheConfig, StreamState
 from client_query_cache._core.trust import platform_trust
 from client_query_cache._core.uri import stream_uri_for
 from client_query_cache.testing import DisposableServer, external_uri
@@ -73,6 +73,8 @@ class Pki:
     other_server: tuple[Path, Path]  # the same name, by the other CA
     expired_server: tuple[Path, Path]  # by the test CA, expired in 2020
     client: Path  # certificate and encrypted key (KEY_PASSWORD) in one file
+    crl_empty: Path  # the test CA's revocation list, revoking nothing
+    crl_revoked: Path  # the test CA's revocation list, revoking the server's certificate
 
 
 def _openssl(cwd: Path, *args: str) -> None:
@@ -122,6 +124,19 @@ def _make_expired(d: Path, name: str, ca: str) -> None:
     )  # fmt: skip
 
 
+def _make_crls(d: Path, ca: str, revoked: str) -> None:
+    """Two revocation lists of ``ca``: one revoking nothing, one revoking
+    the certificate ``revoked``.pem (``openssl ca`` keeps its own list)."""
+    (d / "crl-index.txt").write_text("")
+    (d / "crl.cnf").write_text(
+        "[ca]\ndefault_ca = test\n[test]\ndatabase = crl-index.txt\ndefault_md = sha256\ndefault_crl_days = 2\n"
+    )
+    keys = ("-config", "crl.cnf", "-cert", f"{ca}.pem", "-keyfile", f"{ca}.key")
+    _openssl(d, "ca", "-batch", *keys, "-gencrl", "-out", "crl-empty.pem")
+    _openssl(d, "ca", "-batch", *keys, "-revoke", f"{revoked}.pem")
+    _openssl(d, "ca", "-batch", *keys, "-gencrl", "-out", "crl-revoked.pem")
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
@@ -134,6 +149,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     _openssl(d, "pkey", "-in", "client.key", "-aes256", "-passout", f"pass:{KEY_PASSWORD}", "-out", "client-enc.key")
     (d / "client-both.pem").write_text((d / "client.pem").read_text() + (d / "client-enc.key").read_text())
     (d / "both-cas.pem").write_text((d / "ca.pem").read_text() + (d / "other.pem").read_text())
+    _make_crls(d, "ca", "server")
     return Pki(
         dir=d,
         ca=d / "ca.pem",
@@ -143,6 +159,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         other_server=(d / "other-server.pem", d / "other-server.key"),
         expired_server=(d / "expired-server.pem", d / "expired-server.key"),
         client=d / "client-both.pem",
+        crl_empty=d / "crl-empty.pem",
+        crl_revoked=d / "crl-revoked.pem",
     )
 
 
@@ -273,12 +291,15 @@ def _query(uri: str) -> dict[str, str]:
         ({"tls": True, "tlsAllowInvalidCertificates": False}, {"tls": "true"}),
         ({"tls": True, "tlsInsecure": False}, {"tls": "true"}),
         ({"tls": True, "tlsDisableOCSPEndpointCheck": True}, {"tls": "true", "tlsDisableOCSPEndpointCheck": "true"}),
+        # libmongoc takes no such option: the package reads it back out and
+        # gives it to the followers apart (crl_file_in).
+        ({"tlsCAFile": "CA", "tlsCRLFile": "CRL"}, {"tls": "true", "tlsCAFile": "CA", "tlsCRLFile": "CRL"}),
     ],
 )
 def test_the_derived_stream_uri_carries_the_clients_tls_options_in_libmongocs_terms(
     pki: Pki, options: dict[str, Any], expected: dict[str, str]
 ) -> None:
-    files = {"CA": str(pki.ca), "CLIENT": str(pki.client)}  # placeholders of the table
+    files = {"CA": str(pki.ca), "CLIENT": str(pki.client), "CRL": str(pki.crl_empty)}  # the table's placeholders
     options = {k: files.get(v, v) if isinstance(v, str) else v for k, v in options.items()}
     expected = {k: files.get(v, v) for k, v in expected.items()}
     client: pymongo.MongoClient = pymongo.MongoClient("mongodb://127.0.0.1:1/", connect=False, **options)
@@ -297,6 +318,16 @@ def test_a_verified_follower_serves_hits_and_sees_writes(
     # derived from the client); SSL_CERT_FILE of the environment, if any,
     # does not hold the test CA.
     client = clients(_uri(tls_server, tlsCAFile=pki.ca))
+    with CacheManager(client, max_await_time_ms=TEST_MAX_AWAIT_MS) as manager:
+        _verified_hit_and_invalidation(manager, client, db)
+
+
+def test_a_revocation_list_that_revokes_nothing_still_lets_the_follower_serve(
+    tls_server: DisposableServer, pki: Pki, clients: Callable[..., pymongo.MongoClient], db: str
+) -> None:
+    # The client's tlsCRLFile reaches the follower through the derived URI;
+    # the certificate is not on the list, so both drivers verify it.
+    client = clients(_uri(tls_server, tlsCAFile=pki.ca, tlsCRLFile=pki.crl_empty))
     with CacheManager(client, max_await_time_ms=TEST_MAX_AWAIT_MS) as manager:
         _verified_hit_and_invalidation(manager, client, db)
 
@@ -362,7 +393,9 @@ def test_tls_allow_invalid_hostnames_still_verifies_the_chain(
 # -- a follower that cannot verify the server ------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["another CA", "a name the certificate lacks", "an expired certificate"])
+@pytest.mark.parametrize(
+    "case", ["another CA", "a name the certificate lacks", "an expired certificate", "a revoked certificate"]
+)
 def test_a_follower_that_cannot_verify_the_server_fails_and_reads_bypass(
     request: pytest.FixtureRequest, pki: Pki, clients: Callable[..., pymongo.MongoClient], db: str, case: str
 ) -> None:
@@ -376,10 +409,29 @@ def test_a_follower_that_cannot_verify_the_server_fails_and_reads_bypass(
         client = clients(_uri(server, tlsCAFile=pki.ca))
         if case == "another CA":
             stream_uri, why = _uri(server, tlsCAFile=pki.other_ca), "certificate verify failed"
+        elif case == "a revoked certificate":
+            # tlsCRLFile is no libmongoc URI option: it reaches the followers apart.
+            stream_uri, why = _uri(server, tlsCAFile=pki.ca, tlsCRLFile=pki.crl_revoked), "certificate revoked"
         else:
             stream_uri, why = _uri(server, host="localhost", tlsCAFile=pki.ca), "hostname mismatch"
     with CacheManager(client, stream_uri=stream_uri, max_await_time_ms=TEST_MAX_AWAIT_MS) as manager:
         _fails_and_bypasses(manager, client, db, why)
+
+
+def test_an_owner_given_a_revocation_list_refuses_a_revoked_server(
+    tls_server: DisposableServer, pki: Pki, clients: Callable[..., pymongo.MongoClient], db: str, runtime_dir: Path
+) -> None:
+    # The owner's connection string carries tlsCRLFile (SharedCache.start's
+    # uri): its followers check the list; the workers' reads bypass.
+    client = clients(_uri(tls_server, tlsCAFile=pki.ca))
+    owner_uri = _uri(tls_server, tlsCAFile=pki.ca, tlsCRLFile=pki.crl_revoked)
+    config = SharedCacheConfig(
+        name=f"crl-{uuid.uuid4().hex[:8]}", start_owner=True, uri=owner_uri,
+        max_await_time_ms=TEST_MAX_AWAIT_MS, grace_seconds=0,
+    )  # fmt: skip
+    with CacheManager(client, shared=config) as manager:
+        # A worker sees the owner's follower's state, not its message.
+        _fails_and_bypasses(manager, client, db, "")
 
 
 def test_a_server_the_follower_can_no_longer_verify_stops_the_cache(pki: Pki, tmp_path: Path) -> None:

@@ -75,13 +75,16 @@ class Cache:
         forked_error: type[BaseException],
         tls_ca_file: str | None = None,
         tls_ca_dir: str | None = None,
+        tls_crl_file: str | None = None,
     ) -> Cache:
         """A process-local cache: an arena in private memory that this process
         admits to, and one change-stream follower per registered database
         (none when ``uri`` is None). ``tls_ca_file`` / ``tls_ca_dir``: the
         certificate authorities the followers verify the server with when
         ``uri`` turns TLS on without ``tlsCAFile`` (the platform's trust
-        store, _core/trust.py); ``None``: libmongoc's default."""
+        store, _core/trust.py); ``None``: libmongoc's default.
+        ``tls_crl_file``: a revocation list the followers check the server's
+        certificate against (the connection string's ``tlsCRLFile``)."""
 
     @classmethod
     def owner(
@@ -97,11 +100,13 @@ class Cache:
         arena_bytes: int = ...,
         tls_ca_file: str | None = None,
         tls_ca_dir: str | None = None,
+        tls_crl_file: str | None = None,
     ) -> Cache:
         """A shared cache's owner: creates the arena file at ``arena_path``,
         follows the change streams and drains the workers' rings. It serves
         no reads: ``lookup``, ``lookup_id``, ``capture`` and ``admit`` raise
-        RuntimeError. ``tls_ca_file`` / ``tls_ca_dir`` as for ``local``."""
+        RuntimeError. ``tls_ca_file``, ``tls_ca_dir`` and ``tls_crl_file`` as
+        for ``local``."""
 
     @classmethod
     def worker(

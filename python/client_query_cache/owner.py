@@ -94,6 +94,7 @@ class _Owner:
             # (_core/trust.py): for a URI with TLS on and no tlsCAFile.
             tls_ca_file=config.get("tls_ca_file"),
             tls_ca_dir=config.get("tls_ca_dir"),
+            tls_crl_file=config.get("tls_crl_file"),
         )
         old = os.umask(0o177)
         try:

@@ -37,6 +37,7 @@ from .reasons import BypassReason, RejectReason, StreamState
 from .shared import OwnerLink, SharedCacheError, ring_bytes_for, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
 from .trust import platform_trust
+from .uri import crl_file_in
 
 __all__ = [
     "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY", "FALLBACK",
@@ -186,6 +187,7 @@ class Engine:
                 max_await_time_ms=config.max_await_time_ms,
                 tls_ca_file=trust.ca_file,
                 tls_ca_dir=trust.ca_dir,
+                tls_crl_file=crl_file_in(stream_uri) if stream_uri else None,
                 **self._reader,
             )
         else:

@@ -27,6 +27,7 @@ from .shared import (
     validate_name,
 )
 from .trust import platform_trust
+from .uri import crl_file_in
 
 __all__ = ["SharedCache", "SharedCacheConfig", "attach_or_start"]
 
@@ -93,6 +94,7 @@ class SharedCache:
             "idle_exit_seconds": idle_exit_seconds,
             "tls_ca_file": trust.ca_file,
             "tls_ca_dir": trust.ca_dir,
+            "tls_crl_file": crl_file_in(uri),
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "client_query_cache.owner"],

@@ -17,16 +17,23 @@ both drivers); so a client that allows invalid certificates gives
 ``tlsInsecure=true``, and one that only allows invalid host names gives
 ``tlsAllowInvalidHostnames=true``. Without ``tlsCAFile`` the followers
 verify with the platform's trust store (trust.py), as PyMongo does.
+
+``tlsCRLFile`` is carried too, though libmongoc takes no such URI option (it
+ignores it, and its log is silenced): the package reads it back out of the
+connection string, derived or given (``crl_file_in``), and hands it to the
+followers beside the trust store, which set libmongoc's ``crl_file`` with it
+(stream.c), so they check the server's certificate against the same
+revocation list as PyMongo.
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from .errors import CacheConfigurationError
 
-__all__ = ["stream_uri_for"]
+__all__ = ["stream_uri_for", "crl_file_in"]
 
 # URI options copied as they are, when the client has them.
 _PASSTHROUGH = (
@@ -42,6 +49,7 @@ _TLS_FILES = (
     "tlsCAFile",
     "tlsCertificateKeyFile",
     "tlsCertificateKeyFilePassword",
+    "tlsCRLFile",
 )
 
 
@@ -116,3 +124,13 @@ def stream_uri_for(client: Any) -> str:
         # (a key file's password or a path with a space would change).
         uri += "?" + urlencode(query, quote_via=quote, safe="")
     return uri
+
+
+def crl_file_in(uri: str) -> str | None:
+    """The ``tlsCRLFile`` a connection string names (the last one given,
+    its name in any case, as PyMongo reads options), or None."""
+    found = None
+    for name, value in parse_qsl(urlsplit(uri).query, keep_blank_values=True):
+        if name.lower() == "tlscrlfile":
+            found = value
+    return found or None
