@@ -860,6 +860,15 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
             return CQC_ADMIT_CONFLICT;
          }
          conflict = other_result_w (a, e, flags, val, val_len);
+         if (!conflict) {
+            /* The same result under the same generations: another read of
+             * it (several workers missing one document before its first
+             * admission lands) is already cached. Writing it again would
+             * only move the ring on, evicting live entries early and
+             * touching pages no entry needs. */
+            h->admissions++;
+            return CQC_ADMIT_OK;
+         }
       }
       slot_remove_w (a, existing);
       if (conflict) {

@@ -532,6 +532,36 @@ async def test_the_same_result_admitted_twice_under_one_generation_stays_cached(
     assert cache.snapshot().hits == snap.hits + 1
 
 
+async def test_admitting_a_cached_result_again_evicts_nothing(d, client, db_name):
+    # Workers that miss one document before its first admission lands each
+    # send it: the copies that follow must not push the cache's other
+    # entries out, however many there are.
+    budget = 256 * 1024
+    cache = d.manager(budget_bytes=budget, max_entry_bytes=budget // 4)
+    count, payload = 40, "p" * 4000  # ~160 KiB: all fit
+    client[db_name].items.insert_many([{"_id": i, "payload": payload} for i in range(count)])
+    coll = await d.ready(cache, db_name)
+    held = _hold_back_one_admission(cache)
+    assert await _by_id(d, coll, 0) == {"_id": 0, "payload": payload}
+    ((plan, token, value, floor),) = held
+    cache._engine.admit(plan, token, value, memo=floor)
+    for i in range(1, count):
+        assert await _by_id(d, coll, i) == {"_id": i, "payload": payload}
+    before = cache.snapshot()
+    assert before.entries == count and before.evictions == 0, before
+
+    again = 3 * budget // len(payload)  # three budgets' worth of copies
+    for _ in range(again):
+        cache._engine.admit(plan, token, bytes(value), memo=floor)
+
+    after = cache.snapshot()
+    assert after.admissions == before.admissions + again
+    assert (after.evictions, after.entries, after.used_bytes) == (0, count, before.used_bytes), after
+    for i in range(count):
+        assert await _by_id(d, coll, i) == {"_id": i, "payload": payload}
+    assert cache.snapshot().hits == after.hits + count
+
+
 # -- bypass reasons -------------------------------------------------------------
 
 
