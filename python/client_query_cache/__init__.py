@@ -6,12 +6,12 @@ are answered from memory, everything else goes to MongoDB unchanged. Entries
 are invalidated by following MongoDB change streams.
 """
 
-from typing import TYPE_CHECKING
-
 # Names resolve on first use (PEP 562): ``python -m client_query_cache.owner``
 # imports this package too, and the owner must not pay for PyMongo and the
 # facades in memory. ``from client_query_cache import CacheManager`` works as
-# usual.
+# usual. For the same reason the owner's modules import neither typing nor
+# pathlib: type checkers read this name as True, the interpreter as False.
+TYPE_CHECKING = False
 _EXPORTS = {
     "CacheConfig": "._core.config",
     "SharedCache": "._core.handle",

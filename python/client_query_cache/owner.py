@@ -23,11 +23,11 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
 
-# Deliberately lean: no PyMongo, no bson, no facade. The owner's private
-# memory is overhead the shared cache must earn back (docs/deployment.md).
-from . import _native
+# Deliberately lean: no PyMongo, no bson, no facade, not even typing or
+# pathlib. The owner's private memory is overhead the shared cache must earn
+# back (docs/deployment.md).
+from . import TYPE_CHECKING, _native
 from ._core.errors import CacheClosedError, CacheForkedError
 from ._core.shared import (
     SharedCacheError,
@@ -39,6 +39,9 @@ from ._core.shared import (
     send_message,
     validate_name,
 )
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["main"]
 
@@ -79,7 +82,7 @@ class _Owner:
         # Holding the lock: whatever files are left are a dead owner's.
         for key in ("arena", "sock"):
             with contextlib.suppress(FileNotFoundError):
-                self.paths[key].unlink()
+                os.unlink(self.paths[key])
         self.native = _native.Cache.owner(
             budget_bytes=int(config["budget_bytes"]),
             slot_count=int(config["slots"]),
@@ -221,7 +224,7 @@ class _Owner:
         self.server.close()
         for key in ("sock", "arena"):
             with contextlib.suppress(FileNotFoundError):
-                self.paths[key].unlink()
+                os.unlink(self.paths[key])
         self.native.close()
         os.close(self._lock_fd)
 

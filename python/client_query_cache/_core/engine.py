@@ -22,7 +22,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import bson
@@ -200,7 +199,7 @@ class Engine:
         self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
 
     @staticmethod
-    def _attach(link: OwnerLink, deployment: dict[str, Any], reader: dict[str, Any]) -> tuple[Any, Path, int]:
+    def _attach(link: OwnerLink, deployment: dict[str, Any], reader: dict[str, Any]) -> tuple[Any, str, int]:
         """Map the owner's arena, create this worker's ring and say hello:
         (the native cache, the ring's path, the owner's max entry size)."""
         segment = ring_path(link.name)
@@ -228,7 +227,7 @@ class Engine:
             if native is not None:
                 native.close()
             with contextlib.suppress(FileNotFoundError):
-                segment.unlink()
+                os.unlink(segment)
             link.close()
             raise
         return native, segment, int(reply["max_entry_bytes"])
@@ -291,13 +290,13 @@ class Engine:
                 native.close()
                 link.close()
                 with contextlib.suppress(FileNotFoundError):
-                    segment.unlink()
+                    os.unlink(segment)
                 return
             if old_link is not None:
                 old_link.close()
             if old_segment is not None:
                 with contextlib.suppress(FileNotFoundError):
-                    old_segment.unlink()  # the dead owner could not remove it
+                    os.unlink(old_segment)  # the dead owner could not remove it
         finally:
             self._reattaching = False
 
@@ -652,4 +651,4 @@ class Engine:
             self.link.close()  # the owner detaches this worker's ring
         if self._segment is not None and os.getpid() == self._pid:
             with contextlib.suppress(FileNotFoundError):
-                self._segment.unlink()  # in case the owner is gone
+                os.unlink(self._segment)  # in case the owner is gone

@@ -28,16 +28,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import socket
 import stat
 import struct
 import threading
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
 
+from .. import TYPE_CHECKING
 from .errors import CacheConfigurationError, CacheError
+
+if TYPE_CHECKING:  # the owner imports this module: kept lean (owner.py)
+    from collections.abc import Iterable
+    from typing import Any
 
 __all__ = [
     "SharedCacheError",
@@ -84,19 +85,18 @@ def validate_name(name: object) -> str:
     return name
 
 
-def runtime_dir(create: bool) -> Path:
+def runtime_dir(create: bool) -> str:
     """The per-user directory of shared caches, checked for ownership."""
-    base = os.environ.get("CQC_RUNTIME_DIR") or f"/dev/shm/client-query-cache-{os.getuid()}"
-    path = Path(base)
+    path = os.environ.get("CQC_RUNTIME_DIR") or f"/dev/shm/client-query-cache-{os.getuid()}"
     if create:
         try:
-            path.mkdir(mode=0o700, parents=False)
+            os.mkdir(path, 0o700)
         except FileExistsError:
             pass
         except FileNotFoundError:
-            path.mkdir(mode=0o700, parents=True)
+            os.makedirs(path, 0o700, exist_ok=True)
     try:
-        st = path.lstat()
+        st = os.lstat(path)
     except FileNotFoundError:
         raise SharedCacheError(f"no shared cache runs for this user ({path} does not exist)") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -106,19 +106,19 @@ def runtime_dir(create: bool) -> Path:
     return path
 
 
-def paths_for(name: str, create: bool = False) -> dict[str, Path]:
+def paths_for(name: str, create: bool = False) -> dict[str, str]:
     d = runtime_dir(create)
     return {
         "dir": d,
-        "arena": d / f"{name}.arena",
-        "sock": d / f"{name}.sock",
-        "lock": d / f"{name}.lock",
-        "starting": d / f"{name}.starting",
+        "arena": os.path.join(d, f"{name}.arena"),
+        "sock": os.path.join(d, f"{name}.sock"),
+        "lock": os.path.join(d, f"{name}.lock"),
+        "starting": os.path.join(d, f"{name}.starting"),
     }
 
 
-def ring_path(name: str) -> Path:
-    return runtime_dir(False) / f"{name}.w{os.getpid()}-{secrets.token_hex(4)}.ring"
+def ring_path(name: str) -> str:
+    return os.path.join(runtime_dir(False), f"{name}.w{os.getpid()}-{os.urandom(4).hex()}.ring")
 
 
 # -- deployment identity ----------------------------------------------------
