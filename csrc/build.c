@@ -1333,6 +1333,17 @@ cqc_hit_discard (void *ctx)
    h->scratch = false;
 }
 
+/* cqc_build, counted: built (its result or the decoder's error) or declined. */
+static PyObject *
+build_counted (const uint8_t *buf, size_t len, bool many, bool *declined)
+{
+   PyObject *res = cqc_build (buf, len, many, declined);
+
+   g_built += res != NULL;
+   g_declined += *declined;
+   return res;
+}
+
 PyObject *
 cqc_hit_finish (cqc_hit_t *h)
 {
@@ -1340,11 +1351,9 @@ cqc_hit_finish (cqc_hit_t *h)
    bool declined = true;
 
    if (h->how != CQC_HIT_DECODE && h->buf) {
-      res = cqc_build (h->buf, h->len, h->how == CQC_HIT_ALL, &declined);
+      res = build_counted (h->buf, h->len, h->how == CQC_HIT_ALL, &declined);
       bytes = declined ? PyBytes_FromStringAndSize ((const char *) h->buf, (Py_ssize_t) h->len)
                        : NULL;
-      g_built += res != NULL;
-      g_declined += declined;
    } else {
       Py_XINCREF (bytes);
       g_decoded++;
@@ -1373,7 +1382,7 @@ mod_decoded (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
    cqc_hit_t hit;
    Py_buffer view;
    PyObject *res;
-   bool declined = true;
+   bool tried = false, declined = true;
 
    if (nargs != 3) {
       PyErr_SetString (PyExc_TypeError, "decoded(data, decode, codec_options) takes 3 arguments");
@@ -1386,17 +1395,15 @@ mod_decoded (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
       } else if (!view.readonly) {
          PyBuffer_Release (&view);
       } else {
-         res = cqc_build (view.buf, (size_t) view.len, hit.how == CQC_HIT_ALL, &declined);
+         res = build_counted (view.buf, (size_t) view.len, hit.how == CQC_HIT_ALL, &declined);
          PyBuffer_Release (&view);
-         g_built += res != NULL;
-         g_declined += declined;
          if (!declined) {
             return res;
          }
-         return PyObject_CallFunctionObjArgs (args[1], args[0], args[2], NULL);
+         tried = true; /* counted as declined */
       }
    }
-   g_decoded++;
+   g_decoded += !tried;
    return PyObject_CallFunctionObjArgs (args[1], args[0], args[2], NULL);
 }
 

@@ -360,7 +360,7 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
  * URI says; only where the authorities come from, and the revocation list,
  * change. Nothing is allocated: libmongoc copies the strings. */
 static void
-use_platform_trust (const cqc_stream_t *s, const mongoc_uri_t *uri, mongoc_client_t *client)
+set_trust (const cqc_stream_t *s, const mongoc_uri_t *uri, mongoc_client_t *client)
 {
    mongoc_ssl_opt_t opt = {0};
    const char *uri_ca = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL);
@@ -407,7 +407,7 @@ make_client (cqc_stream_t *s, bson_error_t *error)
    if (client) {
       mongoc_client_set_error_api (client, MONGOC_ERROR_API_VERSION_2);
 #ifdef MONGOC_ENABLE_SSL
-      use_platform_trust (s, uri, client);
+      set_trust (s, uri, client);
 #endif
    }
 cleanup:
