@@ -60,11 +60,12 @@
 #define CQC_RING_DATA_OFF 128u
 #define CQC_RING_PAD 0x80000000u
 /* A producer past this offset wraps early when the ring's start is free.
- * Sixteen records of 4 KiB: the owner drains every millisecond while misses
- * come, so a worker's records rarely reach past it. Each byte of a ring the
- * worker wrote stays resident, in every worker; 256 KiB held four times
- * what four workers warming a shared cache used (0.75 MiB across them). */
-#define CQC_RING_SOFT_WRAP (64u * 1024u)
+ * The pad that wrap writes counts as used until the consumer passes it, so
+ * until the next drain the ring has room only for this many bytes of new
+ * records: 62 of 4 KiB, a burst a worker's threads or tasks can make within
+ * the drain thread's 10 ms after a quiet spell. (64 KiB, tried, kept 190 KiB
+ * less resident per ring but dropped bursts of 17.) */
+#define CQC_RING_SOFT_WRAP (256u * 1024u)
 
 /* The producer's fields and the consumer's lie on separate cache lines: each
  * side writes only its own line on every record. */
