@@ -1338,6 +1338,49 @@ def test_a_drained_ring_keeps_few_pages_resident_in_the_worker(group, client, db
     assert 0 < resident < 1024 * 1024, resident
 
 
+def test_the_owner_writes_a_result_it_already_holds_only_once(group, client, db_name):
+    # Workers that miss one document before its first admission lands each
+    # push it. Here one worker pushes the same result three budgets' worth
+    # of times: the owner keeps the entry it has, so nothing else is evicted.
+    budget, payload = 256 * 1024, "p" * 4000
+    docs = [{"_id": i, "payload": payload} for i in range(40)]  # ~160 KiB: all fit
+    seed(client, db_name, "items", docs)
+    owner = group.start_owner(budget_bytes=budget, max_entry_bytes=budget // 4)
+    manager = group.manager(client)
+    coll = ready_collection(manager, db_name, "items")
+    engine, held = manager._engine, []
+    real_admit = engine.admit
+
+    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False, memo: Any = (0, 0)) -> None:
+        held.append((plan, token, value, memo))
+        engine.admit = real_admit  # only this one
+
+    engine.admit = hold
+    assert coll.find_one({"_id": 0}) == docs[0]
+    ((plan, token, value, memo),) = held
+    engine.admit(plan, token, value, memo=memo)
+    for doc in docs[1:]:
+        assert coll.find_one({"_id": doc["_id"]}) == doc
+    wait_until(lambda: owner.snapshot()["entries"] == len(docs), what="every admission is applied")
+    before = owner.snapshot()
+    assert before["evictions"] == 0, before
+
+    again = 3 * budget // len(payload)
+    for start in range(0, again, 20):  # well within a ring's room for a burst (ring.h)
+        count = min(20, again - start)
+        for _ in range(count):
+            engine.admit(plan, token, bytes(value), memo=memo)
+        accepted = before["admissions_accepted"] + start + count
+        wait_until(lambda: owner.snapshot()["admissions_accepted"] == accepted, what="the copies are applied")
+
+    after = owner.snapshot()
+    assert (after["evictions"], after["entries"], after["used_bytes"]) == (0, len(docs), before["used_bytes"]), after
+    hits = manager.snapshot().hits
+    for doc in docs:
+        assert coll.find_one({"_id": doc["_id"]}) == doc
+    assert manager.snapshot().hits == hits + len(docs)
+
+
 def _voluntary_switches(pid: int) -> int:
     """How often the threads of process ``pid`` have gone to sleep so far
     (each sleep ends in a wake-up)."""
