@@ -38,6 +38,49 @@ def _unhealthy_bypasses(cache: CacheManager) -> int:
     return cache.snapshot().bypasses.get("stream_unhealthy", 0)
 
 
+# -- a quiet server --------------------------------------------------------------------
+
+
+@needs_local_server
+@pytest.mark.parametrize("noop_interval_seconds", [0.5, 0.0])
+def test_a_quiet_streams_applied_time_passes_a_cluster_time_minted_after_its_last_event(
+    noop_interval_seconds: float,
+) -> None:
+    # Every hello mints a cluster time and every reply carries the latest as
+    # operationTime, so a write's operationTime can lie past its own event.
+    # Only oplog entries the stream does not show (the server's no-ops) move
+    # a quiet stream's postBatchResumeToken, and so its applied time, there.
+    with DisposableServer(noop_interval_seconds=noop_interval_seconds) as server:
+        client = pymongo.MongoClient(server.uri)
+        cache = CacheManager(client, max_await_time_ms=TEST_MAX_AWAIT_MS)
+        try:
+            client.quiet.items.insert_one({"_id": 0})
+            ready_collection(cache, "quiet", "items")
+            events = stream_of(cache, "quiet").events
+            client.quiet.items.insert_one({"_id": 1})
+            wait_until(lambda: stream_of(cache, "quiet").events > events, what="the insert is applied")
+            event_time = stream_of(cache, "quiet").applied_time
+            client.admin.command("hello")
+            with client.start_session(causal_consistency=False) as session:
+                client.admin.command("ping", session=session)
+                minted = session.operation_time
+            assert minted > event_time, "hello minted no cluster time: the premise is gone"
+            if noop_interval_seconds:
+                wait_until(
+                    lambda: stream_of(cache, "quiet").applied_time >= minted,
+                    timeout=10 * noop_interval_seconds + STALL_BOUND_S,
+                    what=f"the applied time passes {minted}",
+                )
+            else:
+                # Without no-ops nothing moves it: the server shows the reason
+                # the option exists, and the test above shows it is needed.
+                time.sleep(2.0)
+                assert stream_of(cache, "quiet").applied_time < minted
+        finally:
+            cache.close()
+            client.close()
+
+
 # -- the server stops and comes back ------------------------------------------------
 
 

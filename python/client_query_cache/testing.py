@@ -50,6 +50,12 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
 #: Seconds between SIGTERM and SIGKILL when stopping.
 STOP_TIMEOUT_S = 20.0
+#: Seconds between the no-op entries the server appends to its oplog, as
+#: mongod does every ``periodicNoopIntervalSecs`` (10 by default). Without
+#: them a quiet server's change streams never move past the last event: a
+#: cluster time minted after it (every ``hello`` mints one, and replies
+#: carry the latest as ``operationTime``) would then never be reached.
+NOOP_INTERVAL_S = 10.0
 
 _READY_MARKER = "listening on"
 _SERVER_SCRIPT = "secantusd-py"
@@ -239,6 +245,8 @@ class DisposableServer:
     (given, or picked once at construction) and the storage path stay the
     same across ``stop()``/``start()``/``restart()``, so a client built from
     ``uri`` reconnects to the restarted server and finds its data.
+    Like mongod, the server appends a no-op to its oplog every
+    ``noop_interval_seconds`` (0 turns that off).
     """
 
     def __init__(
@@ -248,6 +256,7 @@ class DisposableServer:
         port: int | None = None,
         oplog_retention_seconds: float | None = None,
         oplog_max_entries: int | None = None,
+        noop_interval_seconds: float = NOOP_INTERVAL_S,
         log_path: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
@@ -260,6 +269,7 @@ class DisposableServer:
             _check_seconds("oplog_retention_seconds", oplog_retention_seconds)
         if oplog_max_entries is not None:
             _check_int("oplog_max_entries", oplog_max_entries, 1, 2**63 - 1)
+        _check_seconds("noop_interval_seconds", noop_interval_seconds)
         if isinstance(extra_args, (str, bytes)) or not isinstance(extra_args, Sequence):
             raise TypeError(f"extra_args must be a sequence of str, not {type(extra_args).__name__}")
         if not all(isinstance(arg, str) for arg in extra_args):
@@ -274,6 +284,7 @@ class DisposableServer:
         self._port = port if port is not None else _free_port()
         self._oplog_retention_seconds = oplog_retention_seconds
         self._oplog_max_entries = oplog_max_entries
+        self._noop_interval_seconds = noop_interval_seconds
         self._log_path = os.fspath(log_path) if log_path is not None else None
         # More command-line flags, e.g. ("--enable-test-commands",) for tests
         # that arm failpoints with configureFailPoint.
@@ -325,6 +336,8 @@ class DisposableServer:
             cmd += ["--oplog-retention-seconds", str(self._oplog_retention_seconds)]
         if self._oplog_max_entries is not None:
             cmd += ["--oplog-max-entries", str(self._oplog_max_entries)]
+        if self._noop_interval_seconds > 0:
+            cmd += ["--noop-heartbeat-seconds", repr(float(self._noop_interval_seconds))]
         return cmd + list(self._extra_args)
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
