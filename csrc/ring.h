@@ -64,7 +64,8 @@
  * until the next drain the ring has room only for this many bytes of new
  * records: 62 of 4 KiB, a burst a worker's threads or tasks can make within
  * the drain thread's 10 ms after a quiet spell. (64 KiB, tried, kept 190 KiB
- * less resident per ring but dropped bursts of 17.) */
+ * less resident per ring but kept only the first 16 records of such a burst:
+ * of 50 sent, 34 were dropped.) */
 #define CQC_RING_SOFT_WRAP (256u * 1024u)
 
 /* The producer's fields and the consumer's lie on separate cache lines: each

@@ -88,7 +88,7 @@ class _Owner:
             slot_count=int(config["slots"]),
             uri=self.uri,
             max_await_time_ms=self.max_await_time_ms,
-            arena_path=str(self.paths["arena"]),
+            arena_path=self.paths["arena"],
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
             heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
@@ -102,7 +102,7 @@ class _Owner:
         old = os.umask(0o177)
         try:
             self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.server.bind(str(self.paths["sock"]))
+            self.server.bind(self.paths["sock"])
         finally:
             os.umask(old)
         self.server.listen(64)
@@ -171,7 +171,7 @@ class _Owner:
                             self.workers += 1
                         reply = {
                             "ok": True,
-                            "arena": str(self.paths["arena"]),
+                            "arena": self.paths["arena"],
                             "geometry": self.native.geometry(),
                             "max_entry_bytes": self.max_entry_bytes,
                             "max_await_time_ms": self.max_await_time_ms,

@@ -210,12 +210,12 @@ class Engine:
             if not ring_bytes_for(0) <= ring_bytes <= 1 << 30:
                 raise SharedCacheError(f"the owner of {link.name!r} asks for a ring of {ring_bytes} bytes")
             native = _native.Cache.worker(
-                arena_path=str(link.paths["arena"]),
-                segment_path=str(segment),
+                arena_path=link.paths["arena"],
+                segment_path=segment,
                 ring_bytes=ring_bytes,
                 **reader,
             )
-            reply = link.request("hello", pid=os.getpid(), segment=str(segment), deployment=deployment)
+            reply = link.request("hello", pid=os.getpid(), segment=segment, deployment=deployment)
             mine, theirs = native.geometry(), reply["geometry"]
             for key in ("layout_version", "arena_bytes", "budget_bytes", "slot_count", "owner_uid", "owner_pid"):
                 if mine[key] != theirs[key]:

@@ -131,7 +131,7 @@ class SharedCache:
         path = paths_for(self.name)["sock"]
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(30.0)
-            sock.connect(str(path))
+            sock.connect(path)
             if peer_uid(sock) != os.getuid():
                 raise SharedCacheError("the owner runs as another user")
             send_message(sock, {"op": op})

@@ -186,7 +186,7 @@ class OwnerLink:
             # The owner answers at once; a longer wait means it hangs, and
             # a request may hold a read (registering a collection) that long.
             self._sock.settimeout(REQUEST_TIMEOUT_S)
-            self._sock.connect(str(self.paths["sock"]))
+            self._sock.connect(self.paths["sock"])
             if peer_uid(self._sock) != os.getuid():
                 raise SharedCacheError(f"the owner of {name!r} runs as another user; refusing to attach")
         except OSError as exc:
