@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import multiprocessing
 import os
 import queue
@@ -1260,15 +1261,62 @@ def test_concurrent_writes_across_processes_never_produce_a_stale_read(group, cl
 
 
 def test_the_owner_process_imports_neither_pymongo_nor_the_facades():
-    # The owner's private memory is overhead the shared cache must earn back.
+    # The owner's private memory is overhead the shared cache must earn back:
+    # not PyMongo, and not the Python layers of json, socket, signal and
+    # threading either (with the enum and re modules they pull in, 2 MiB).
+    heavy = ("pymongo", "bson", "json", "socket", "signal", "threading", "enum", "re", "typing", "pathlib")
     code = (
         "import sys, client_query_cache.owner\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pymongo', 'bson')"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}"
         " or m.startswith(('client_query_cache.synchronous', 'client_query_cache.asynchronous')))\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _control_exchange(sock_path: str, payload: bytes) -> list[Any]:
+    """Send ``payload`` on a new control connection; the JSON replies until
+    the owner closes it."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.connect(sock_path)
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        with sock.makefile("rb") as reader:
+            return [json.loads(line) for line in reader]
+
+
+def test_the_owner_answers_each_json_request_and_hangs_up_on_anything_else(runtime_dir, server_uri):
+    from client_query_cache._core.shared import paths_for
+
+    owner = SharedCache.start("wire", server_uri, ready_timeout=30)
+    try:
+        sock_path = paths_for("wire")["sock"]
+        # Strings with escapes and non-ASCII text come back as they were sent.
+        odd = 'caf\u00e9 \u2603 "quoted" back\\slash \U0001f600'
+        replies = _control_exchange(
+            sock_path,
+            b'  {"op": "info"}\r\n' + json.dumps({"op": odd}).encode() + b"\n" + b'{"op": "info"}',
+        )
+        assert [r["ok"] for r in replies] == [True, False, True]
+        assert replies[0]["ring_bytes"] > replies[0]["max_entry_bytes"] > 0
+        assert replies[1]["error"] == f"unknown request {odd!r}"
+        # Not a JSON object: the owner answers nothing more on that connection.
+        for bad in (
+            b"[1, 2]\n",
+            b'{"op": "info"} {"op": "info"}\n',
+            b'{"op": NaN}\n',
+            b'{"op": "\xff"}\n',
+            b"{" + b" " * (1 << 20) + b"}\n",
+            b'{"op": "info"\n',
+        ):
+            assert _control_exchange(sock_path, bad + b'{"op": "info"}\n') == [], bad[:40]
+        assert owner.snapshot()["owner_pid"] == owner.pid
+    finally:
+        owner.stop()
 
 
 def test_the_package_still_exports_its_public_names_lazily():

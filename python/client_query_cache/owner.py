@@ -14,23 +14,26 @@ this process and waits until it serves.
 
 from __future__ import annotations
 
-import contextlib
+# Deliberately lean: no PyMongo, no bson, no facade, not even typing or
+# pathlib, and C modules in place of signal, socket, threading and json
+# (whose Python layers, with the enum and re modules they pull in, are
+# about 2 MiB). The owner's private memory is overhead the shared cache must
+# earn back (docs/deployment.md).
+import _signal
+import _socket
+import _thread
 import fcntl
-import json
 import os
-import signal
-import socket
 import sys
-import threading
 import time
 
-# Deliberately lean: no PyMongo, no bson, no facade, not even typing or
-# pathlib. The owner's private memory is overhead the shared cache must earn
-# back (docs/deployment.md).
 from . import TYPE_CHECKING, _native
 from ._core.errors import CacheClosedError, CacheForkedError
 from ._core.shared import (
+    LineReader,
     SharedCacheError,
+    decode_message,
+    encode_message,
     paths_for,
     ring_bytes_for,
     peer_uid,
@@ -67,8 +70,9 @@ class _Owner:
         self.max_await_time_ms = int(config["max_await_time_ms"])
         self.paths = paths_for(self.name, create=True)
         self.started = time.monotonic()
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
+        #: Set by a stop request or SIGTERM/SIGINT; serve() looks every 0.2 s.
+        self.stopping = False
+        self.lock = _thread.allocate_lock()
         self.workers = 0
         idle = config.get("idle_exit_seconds")
         self.idle_exit = None if idle is None else float(idle)
@@ -80,9 +84,7 @@ class _Owner:
             os.close(self._lock_fd)
             raise SharedCacheError(f"an owner of {self.name!r} is already running") from None
         # Holding the lock: whatever files are left are a dead owner's.
-        for key in ("arena", "sock"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.paths[key])
+        _unlink(self.paths["arena"], self.paths["sock"])
         self.native = _native.Cache.owner(
             budget_bytes=int(config["budget_bytes"]),
             slot_count=int(config["slots"]),
@@ -101,7 +103,7 @@ class _Owner:
         )
         old = os.umask(0o177)
         try:
-            self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.server = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             self.server.bind(self.paths["sock"])
         finally:
             os.umask(old)
@@ -138,12 +140,12 @@ class _Owner:
             "owner_uptime_s": time.monotonic() - self.started,
         }
 
-    def handle(self, conn: socket.socket) -> None:
+    def handle(self, conn: _socket.socket) -> None:
         ring_id = 0
         try:
             if peer_uid(conn) != os.getuid():
                 return  # another user: say nothing
-            reader = conn.makefile("rb")
+            reader = LineReader(conn)
             while True:
                 try:
                     msg = recv_message(reader)
@@ -183,7 +185,7 @@ class _Owner:
                         reply = {"ok": True, "snapshot": self.snapshot()}
                     elif op == "stop":
                         send_message(conn, {"ok": True})
-                        self.stopping.set()
+                        self.stopping = True
                         break
                     else:
                         raise SharedCacheError(f"unknown request {op!r}")
@@ -205,9 +207,9 @@ class _Owner:
 
     def serve(self) -> None:
         self.server.settimeout(0.2)
-        while not self.stopping.is_set():
+        while not self.stopping:
             try:
-                conn, _ = self.server.accept()
+                fd, _ = self.server._accept()
             except TimeoutError:
                 if self.idle_exit is not None:
                     with self.lock:
@@ -217,32 +219,48 @@ class _Owner:
                 continue
             except OSError:
                 break
+            conn = _socket.socket(fileno=fd)
             conn.settimeout(None)
-            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+            _thread.start_new_thread(self.handle, (conn,))
 
     def close(self) -> None:
         self.server.close()
-        for key in ("sock", "arena"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.paths[key])
+        _unlink(self.paths["sock"], self.paths["arena"])
         self.native.close()
         os.close(self._lock_fd)
 
 
+def _unlink(*paths: str) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _tell_starter(message: dict[str, Any]) -> None:
+    sys.stdout.buffer.write(encode_message(message))
+    sys.stdout.buffer.flush()
+
+
 def main() -> int:
     try:
-        config = json.loads(sys.stdin.readline())
+        config = decode_message(sys.stdin.readline())
         owner = _Owner(config)
     except Exception as exc:  # reported to the starter, which raises it
         message = f"{type(exc).__name__}: {exc}"
         uri = config.get("uri") if isinstance(locals().get("config"), dict) else None
         if isinstance(uri, str) and uri and (uri in message or "@" in message):
             message = "invalid configuration (the message could reveal the connection string)"
-        print(json.dumps({"ready": False, "error": message}), flush=True)
+        _tell_starter({"ready": False, "error": message})
         return 3
-    signal.signal(signal.SIGTERM, lambda *_: owner.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: owner.stopping.set())
-    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+
+    def stop(*_: object) -> None:
+        owner.stopping = True
+
+    _signal.signal(_signal.SIGTERM, stop)
+    _signal.signal(_signal.SIGINT, stop)
+    _tell_starter({"ready": True, "pid": os.getpid()})
     # The starter stops reading after the ready line.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())

@@ -17,7 +17,7 @@ No suffix above ends another, so no name's files can be another name's:
 NAME + s1 == OTHER + s2 only when NAME == OTHER. A name starts with a letter or a digit, so none is a hidden
 file or reads as an option.
 
-Control protocol: one JSON object per line each way. Requests: ``hello``
+Control protocol: one JSON object per line each way (at most 1 MiB). Requests: ``hello``
 (attach a ring, check the deployment), ``register`` (a namespace: the owner
 starts the database's stream), ``snapshot`` (group statistics), ``stop``.
 Credentials never cross it: the owner gets its connection string on stdin.
@@ -25,18 +25,20 @@ Credentials never cross it: the owner gets its connection string on stdin.
 
 from __future__ import annotations
 
-import json
+# The owner imports this module: only C modules here, not json, re, socket or
+# threading, whose Python layers (and the enum module they share) would add
+# about 2 MiB to the owner's private memory (owner.py).
+import _socket
+import _thread
 import os
-import re
-import socket
 import stat
 import struct
-import threading
+from _json import encode_basestring_ascii, make_scanner
 
 from .. import TYPE_CHECKING
 from .errors import CacheConfigurationError, CacheError
 
-if TYPE_CHECKING:  # the owner imports this module: kept lean (owner.py)
+if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
@@ -49,12 +51,17 @@ __all__ = [
     "deployment_of_client",
     "deployment_of_uri",
     "same_deployment",
+    "encode_message",
+    "decode_message",
     "send_message",
     "recv_message",
+    "LineReader",
     "OwnerLink",
 ]
 
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_NAME_REST = _NAME_FIRST | frozenset("_.-")
+_NAME_MAX = 64
 #: Bytes of a worker's admission ring. A record takes at most half a ring (so
 #: that one always fits once the ring drains, wherever its head is), so a ring
 #: has room for two records of the largest admissible entry and its key. The
@@ -78,7 +85,12 @@ class SharedCacheError(CacheError, RuntimeError):
 
 
 def validate_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= _NAME_MAX
+        or name[0] not in _NAME_FIRST
+        or not _NAME_REST.issuperset(name)
+    ):
         raise CacheConfigurationError(
             "shared cache name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, got " + repr(name)
         )
@@ -149,25 +161,132 @@ def same_deployment(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 # -- messages ---------------------------------------------------------------
+#
+# JSON through the C halves of the json module: its scanner, and its string
+# escaper under a small encoder for the types messages hold.
+
+#: Bytes of the longest control message.
+MAX_MESSAGE_BYTES = 1 << 20
 
 
-def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(json.dumps(message).encode() + b"\n")
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
-def recv_message(reader: Any) -> dict[str, Any] | None:
-    """One message from ``sock.makefile("rb")``; None at end of stream."""
-    line = reader.readline(1 << 20)
-    if not line:
-        return None
-    message = json.loads(line)
+class _Strict:
+    """The json module's decoder settings, for its C scanner."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = staticmethod(_no_constant)
+
+
+_scan = make_scanner(_Strict())
+
+
+def _encode(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(encode_basestring_ascii(value))
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{value!r} is not JSON")
+        out.append(float.__repr__(value))
+    elif isinstance(value, dict):
+        out.append("{")
+        for i, (key, item) in enumerate(value.items()):
+            if not isinstance(key, str):
+                raise TypeError(f"a message's keys are str, not {type(key).__name__}")
+            out.append(", " if i else "")
+            out.append(encode_basestring_ascii(key))
+            out.append(": ")
+            _encode(item, out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            out.append(", " if i else "")
+            _encode(item, out)
+        out.append("]")
+    else:
+        raise TypeError(f"a message cannot hold {type(value).__name__}")
+
+
+def encode_message(message: dict[str, Any]) -> bytes:
+    """``message`` as one line of JSON, newline included."""
+    out: list[str] = []
+    _encode(message, out)
+    out.append("\n")
+    return "".join(out).encode("ascii")
+
+
+def decode_message(line: bytes | str) -> dict[str, Any]:
+    """The JSON object on ``line``; ValueError if it is not one."""
+    text = (line.decode("utf-8") if isinstance(line, bytes) else line).strip(" \t\r\n")
+    try:
+        message, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("a control message must be JSON") from None
+    if end != len(text):
+        raise ValueError("a control message must be one JSON value")
     if not isinstance(message, dict):
         raise ValueError("a control message must be a JSON object")
     return message
 
 
-def peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+def send_message(sock: Any, message: dict[str, Any]) -> None:
+    sock.sendall(encode_message(message))
+
+
+class LineReader:
+    """The lines a socket receives, read in chunks."""
+
+    __slots__ = ("_sock", "_buf")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def readline(self, limit: int) -> bytes:
+        """The next line, newline included, or at most ``limit`` bytes of
+        it; what is left at end of stream (b"" once nothing is)."""
+        buf = self._buf
+        while True:
+            end = buf.find(b"\n", 0, limit)
+            if end >= 0 or len(buf) >= limit:
+                end = end + 1 if end >= 0 else limit
+                line = bytes(buf[:end])
+                del buf[:end]
+                return line
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                line = bytes(buf)
+                buf.clear()
+                return line
+            buf += chunk
+
+
+def recv_message(reader: Any) -> dict[str, Any] | None:
+    """One message from a ``LineReader`` (or ``sock.makefile("rb")``); None
+    at end of stream."""
+    line = reader.readline(MAX_MESSAGE_BYTES)
+    if not line:
+        return None
+    return decode_message(line)
+
+
+def peer_uid(sock: Any) -> int:
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
 
@@ -180,8 +299,8 @@ class OwnerLink:
     def __init__(self, name: str) -> None:
         self.name = validate_name(name)
         self.paths = paths_for(name)
-        self._lock = threading.Lock()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._lock = _thread.allocate_lock()
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             # The owner answers at once; a longer wait means it hangs, and
             # a request may hold a read (registering a collection) that long.
@@ -195,7 +314,7 @@ class OwnerLink:
         except BaseException:
             self._sock.close()
             raise
-        self._reader = self._sock.makefile("rb")
+        self._reader = LineReader(self._sock)
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
@@ -211,7 +330,4 @@ class OwnerLink:
         return reply
 
     def close(self) -> None:
-        try:
-            self._reader.close()
-        finally:
-            self._sock.close()
+        self._sock.close()
