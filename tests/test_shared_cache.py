@@ -1312,11 +1312,49 @@ def test_the_owner_answers_each_json_request_and_hangs_up_on_anything_else(runti
             b'{"op": "\xff"}\n',
             b"{" + b" " * (1 << 20) + b"}\n",
             b'{"op": "info"\n',
+            b'{"op": "x\n',
+            b"{\n",
         ):
             assert _control_exchange(sock_path, bad + b'{"op": "info"}\n') == [], bad[:40]
         assert owner.snapshot()["owner_pid"] == owner.pid
     finally:
         owner.stop()
+
+
+#: Lines that are no control message: not an object, two values, NaN, bad
+#: UTF-8, truncated objects and strings.
+NOT_MESSAGES = [
+    b"[1, 2]",
+    b'{"op": "info"} {"op": "info"}',
+    b'{"op": NaN}',
+    b'{"op": "\xff"}',
+    b'{"op": "info"',
+    b'{"op": "x',
+    b'{"op"',
+    b"{",
+    b"",
+]
+
+
+def test_a_line_that_is_no_message_is_a_value_error_where_json_is_not_imported():
+    # The owner does not import json: its decoder must still say ValueError,
+    # which the owner answers by hanging up, for each line (CPython 3.12 and
+    # later import json.decoder for the error; 3.11 does not).
+    code = (
+        "import sys\n"
+        "from client_query_cache._core.shared import decode_message\n"
+        "assert 'json.decoder' not in sys.modules\n"
+        f"for line in {NOT_MESSAGES!r}:\n"
+        "    try:\n"
+        "        decode_message(line)\n"
+        "    except ValueError:\n"
+        "        continue\n"
+        "    raise AssertionError(line)\n"
+        "print(decode_message(b' {\"op\": \"info\", \"n\": [1, 2.5, null, true]}\\r\\n'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "{'op': 'info', 'n': [1, 2.5, None, True]}"
 
 
 def test_the_package_still_exports_its_public_names_lazily():

@@ -237,6 +237,12 @@ def decode_message(line: bytes | str) -> dict[str, Any]:
         message, end = _scan(text, 0)
     except StopIteration:
         raise ValueError("a control message must be JSON") from None
+    except SystemError:
+        # CPython 3.11's scanner raises json.decoder.JSONDecodeError only if
+        # json.decoder is imported already; otherwise (in the owner, which
+        # does not import json) a truncated string or object makes it return
+        # NULL with no exception set, which the interpreter reports as this.
+        raise ValueError("a control message must be JSON") from None
     if end != len(text):
         raise ValueError("a control message must be one JSON value")
     if not isinstance(message, dict):
