@@ -64,6 +64,7 @@ static struct {
    newfunc oid_new;
    PyObject *oid_slot;
    descrsetfunc oid_set;
+   descrgetfunc oid_get;
    dt_mode_t dt_mode;
    const dt_capi_t *dt_capi;
 } g;
@@ -272,13 +273,29 @@ same_by (PyObject *a, PyObject *b, const char *const *attrs)
    return ok;
 }
 
+/* Whether reading ObjectId `oid`'s slot gives what its `binary` gives
+ * (cqc_build_objectid_bytes reads the slot). */
+static bool __attribute__ ((cold))
+slot_is_binary (PyObject *oid)
+{
+   PyObject *slot = oid ? g.oid_get (g.oid_slot, oid, g.objectid) : NULL;
+   PyObject *binary = oid ? PyObject_GetAttrString (oid, "binary") : NULL;
+   bool same = slot && binary && PyBytes_CheckExact (slot) && PyBytes_Size (slot) == 12 &&
+               PyObject_RichCompareBool (slot, binary, Py_EQ) == 1;
+
+   Py_XDECREF (slot);
+   Py_XDECREF (binary);
+   return same;
+}
+
 /* ObjectId(b) runs a Python __init__ that, for 12 bytes, only stores them
  * in the one slot the class declares (__slots__ = ("__id",)). The fast
  * path makes the object as object.__new__ does and stores the bytes
  * through that slot's descriptor. It is used only if the class still looks
  * like that (__new__ is object's, the slot is a member descriptor, no
  * instance __dict__) and an object made so is indistinguishable from
- * ObjectId(b): same type, equal, same binary, repr, hash and state. */
+ * ObjectId(b): same type, equal, same binary, repr, hash and state. The
+ * slot is then read in place of `binary` too (cqc_build_objectid_bytes). */
 static void __attribute__ ((cold))
 set_up_objectid (void)
 {
@@ -297,11 +314,15 @@ set_up_objectid (void)
    g.oid_set = g.oid_slot
                   ? (descrsetfunc) PyType_GetSlot (Py_TYPE (g.oid_slot), Py_tp_descr_set)
                   : NULL;
+   g.oid_get = g.oid_slot
+                  ? (descrgetfunc) PyType_GetSlot (Py_TYPE (g.oid_slot), Py_tp_descr_get)
+                  : NULL;
    if (new_of_oid && new_of_oid == new_of_obj && slots && PyTuple_Check (slots) &&
-       PyTuple_Size (slots) == 1 && g.oid_new && g.oid_set) {
+       PyTuple_Size (slots) == 1 && g.oid_new && g.oid_set && g.oid_get) {
       a = objectid_by (true, sample);
       b = objectid_by (false, sample);
-      g.oid_fast = same_by (a, b, attrs) && !PyObject_HasAttrString (a, "__dict__");
+      g.oid_fast = same_by (a, b, attrs) && !PyObject_HasAttrString (a, "__dict__") &&
+                   slot_is_binary (b);
    }
    Py_XDECREF (new_of_oid);
    Py_XDECREF (new_of_obj);
@@ -309,6 +330,15 @@ set_up_objectid (void)
    Py_XDECREF (a);
    Py_XDECREF (b);
    PyErr_Clear ();
+}
+
+PyObject *
+cqc_build_objectid_bytes (PyObject *oid)
+{
+   if (g.status != READY || !g.oid_fast || Py_TYPE (oid) != (PyTypeObject *) g.objectid) {
+      return NULL;
+   }
+   return g.oid_get (g.oid_slot, oid, g.objectid);
 }
 
 /* ======================================================================== */

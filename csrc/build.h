@@ -94,6 +94,13 @@ PyObject *cqc_hit_finish (cqc_hit_t *h);
  * available or a BaseException that is not an Exception was raised. */
 PyObject *cqc_build (const uint8_t *buf, size_t len, bool many, bool *declined);
 
+/* The 12 bytes of `oid`, an ObjectId, read from its slot as its `binary`
+ * property returns them, without calling the property: a new reference;
+ * NULL without an exception when the builder has not verified that the
+ * two agree (the caller then reads `binary`), NULL with one when the slot
+ * is unset. Does not set the builder up. */
+PyObject *cqc_build_objectid_bytes (PyObject *oid);
+
 /* The module's functions: _native.decoded (a miss's copy for its caller,
  * built as a hit's would be) and the private ones for tests (_native._build,
  * _build_hit, _build_info, _build_codec_ok); PyModule_AddFunctions takes

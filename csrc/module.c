@@ -10,11 +10,14 @@
  * (floor.c), change-stream followers (stream.c), the owner's drain
  * (owner.c), workers' rings (ring.c) and the shared files (shm.c).
  *
- * One type, Cache, made by one of three constructors: Cache.local,
- * Cache.owner and Cache.worker (cache.h says what each is).
+ * Three types. Cache, made by one of three constructors: Cache.local,
+ * Cache.owner and Cache.worker (cache.h says what each is). CoreBase and
+ * ViewBase, the C bases of the facades' CollectionCore and CollectionBase:
+ * the find_one fast path, which answers a hit without running Python code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include "build.h"
 #include "cache.h"
@@ -377,9 +380,9 @@ id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
       return cqc_id_filter_str (out, cap, s, (size_t) n);
    }
    if (Py_TYPE (v) == (PyTypeObject *) self->objectid_type) {
-      PyObject *bin = PyObject_GetAttrString (v, "binary");
+      PyObject *bin = cqc_build_objectid_bytes (v);
       Py_ssize_t n = 0;
-      if (!bin) {
+      if (!bin && (PyErr_Occurred () || !(bin = PyObject_GetAttrString (v, "binary")))) {
          return -1;
       }
       if (PyBytes_Check (bin) && PyBytes_Size (bin) == 12) {
@@ -760,6 +763,318 @@ static PyType_Spec Cache_spec = {
 };
 
 /* ======================================================================== */
+/* The facades' find_one fast path                                          */
+/* ======================================================================== */
+
+/* CoreBase is the C part of read.py's CollectionCore: what its fast path
+ * reads, set by CollectionCore (its _bind) as plain attributes: the cache
+ * (`native`), the collection's codec options, the bound-session getter,
+ * the namespace's indexes and whether the collection can be served at all
+ * (`fast`). ViewBase is the C part of the facades' collections, holding
+ * their CollectionCore as `_core`. A hit of find_one({"_id": v}) then runs
+ * no Python frame: the interpreter's frames and their objects, cold after
+ * other work, cost about as much as the lookup itself. */
+typedef struct {
+   PyObject_HEAD
+   PyObject *native;
+   PyObject *codec;
+   PyObject *bound_session;
+   unsigned int ns_idx;
+   unsigned int db_idx;
+   char fast;
+} CoreObject;
+
+typedef struct {
+   PyObject_HEAD
+   PyObject *core;
+} ViewObject;
+
+static PyTypeObject *g_cache_type; /* Cache */
+static PyTypeObject *g_core_type;  /* CoreBase */
+static PyObject *g_s_id;           /* "_id" */
+static PyObject *g_s_start_id;     /* "_start_id" */
+static PyObject *g_s_start_find_one;
+static PyObject *g_s_find_one_rest;
+static PyObject *g_empty_tuple;
+
+/* find_one(filter)'s fast path: 1 with *out the hit (a new reference: a
+ * document, or None for a cached "not found"); 0 when it does not answer,
+ * with *out a lookup's sentinel and *id its _id (new references) when the
+ * lookup ran, both NULL when the fast path does not take this read; -1
+ * with an exception. The same checks, in the same order, as the Python
+ * this replaced: the collection can be served, the filter is exactly
+ * {"_id": int|str|ObjectId}, no session is bound; then the lookup raises
+ * what lookup_id raises. */
+static int
+core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
+{
+   uint8_t key[FAST_STR_MAX + CQC_ID_FILTER_FIXED];
+   CacheObject *cache = (CacheObject *) core->native;
+   PyObject *v, *session, *codec, *r;
+   Py_ssize_t flen;
+
+   *id = *out = NULL;
+   if (!core->fast || !cache || Py_TYPE (core->native) != g_cache_type || !core->codec ||
+       !core->bound_session || !PyDict_CheckExact (filter) || PyDict_Size (filter) != 1) {
+      return 0;
+   }
+   if (!(v = PyDict_GetItemWithError (filter, g_s_id))) {
+      return PyErr_Occurred () ? -1 : 0;
+   }
+   if (!PyLong_CheckExact (v) && !PyUnicode_CheckExact (v) &&
+       (!cache->objectid_type || Py_TYPE (v) != (PyTypeObject *) cache->objectid_type)) {
+      return 0;
+   }
+   Py_INCREF (v); /* the getter below may let another thread change filter */
+   Py_INCREF ((PyObject *) cache);
+   if (!(session = PyObject_CallNoArgs (core->bound_session))) {
+      goto fail;
+   }
+   Py_DECREF (session);
+   if (session != Py_None) {
+      goto not_taken;
+   }
+   if (!check_usable (cache, USE_READS)) {
+      goto fail;
+   }
+   if (core->ns_idx >= cache->c.arena.geo.ns_count || core->db_idx >= cache->c.arena.geo.db_count) {
+      PyErr_SetString (PyExc_ValueError, "ns_idx or db_idx out of range");
+      goto fail;
+   }
+   if ((flen = id_filter (cache, v, key, sizeof key)) < 0) {
+      goto fail;
+   }
+   if (flen == 0 || g_after_blocks) {
+      goto not_taken; /* FALLBACK */
+   }
+   if (!core->codec) {
+      goto not_taken; /* deleted while the getter ran */
+   }
+   codec = Py_NewRef (core->codec); /* a decoder in Python may let other code run */
+   r = lookup_key (cache, core->ns_idx, core->db_idx, 1, key, (uint32_t) flen, NULL, 0, codec,
+                   cache->decode);
+   Py_DECREF (codec);
+   Py_DECREF ((PyObject *) cache);
+   if (!r) {
+      Py_DECREF (v);
+      return -1;
+   }
+   *out = r;
+   if (r == g_miss || r == g_unhealthy || r == g_behind) {
+      *id = v;
+      return 0;
+   }
+   Py_DECREF (v);
+   return 1;
+not_taken:
+   Py_DECREF (v);
+   Py_DECREF ((PyObject *) cache);
+   return 0;
+fail:
+   Py_DECREF (v);
+   Py_DECREF ((PyObject *) cache);
+   return -1;
+}
+
+/* The first Step of a find_one(filter) the fast path did not answer:
+ * core._start_id(id, looked_up) after its lookup, else
+ * core.start_find_one(filter, (), {}). Steals id and looked_up. */
+static PyObject *
+core_first_step (PyObject *core, PyObject *filter, PyObject *id, PyObject *looked_up)
+{
+   PyObject *step, *kwargs;
+
+   if (looked_up) {
+      step = PyObject_CallMethodObjArgs (core, g_s_start_id, id, looked_up, NULL);
+      Py_DECREF (id);
+      Py_DECREF (looked_up);
+      return step;
+   }
+   if (!(kwargs = PyDict_New ())) {
+      return NULL;
+   }
+   step = PyObject_CallMethodObjArgs (core, g_s_start_find_one, filter, g_empty_tuple, kwargs,
+                                      NULL);
+   Py_DECREF (kwargs);
+   return step;
+}
+
+/* CoreBase.fast_find_one(filter): the hit itself when the fast path
+ * answers, else the read's first Step. */
+static PyObject *
+Core_fast_find_one (CoreObject *self, PyObject *filter)
+{
+   PyObject *id, *r;
+   int rc = core_try_hit (self, filter, &id, &r);
+
+   if (rc != 0) {
+      return rc > 0 ? r : NULL;
+   }
+   return core_first_step ((PyObject *) self, filter, id, r);
+}
+
+/* ViewBase.find_one(filter=None, *args, **kwargs): a fast-path hit, else
+ * self._find_one_rest(step, filter, *args, **kwargs), where step is the
+ * first Step the fast path took, or None when it did not apply. */
+static PyObject *
+View_find_one (ViewObject *self, PyObject *args, PyObject *kwargs)
+{
+   PyObject *step = NULL, *rest_args, *method, *res = NULL;
+   Py_ssize_t i, n = PyTuple_Size (args);
+
+   if (n == 1 && (!kwargs || PyDict_Size (kwargs) == 0) && self->core &&
+       PyObject_TypeCheck (self->core, g_core_type)) {
+      PyObject *filter = PyTuple_GetItem (args, 0), *id, *r;
+      PyObject *core = Py_NewRef (self->core);
+      int rc = core_try_hit ((CoreObject *) core, filter, &id, &r);
+
+      step = rc == 0 ? core_first_step (core, filter, id, r) : NULL;
+      Py_DECREF (core);
+      if (rc != 0) {
+         return rc > 0 ? r : NULL;
+      }
+      if (!step) {
+         return NULL;
+      }
+   }
+   if (!(rest_args = PyTuple_New (n + 1))) {
+      Py_XDECREF (step);
+      return NULL;
+   }
+   PyTuple_SetItem (rest_args, 0, step ? step : Py_NewRef (Py_None));
+   for (i = 0; i < n; i++) {
+      PyTuple_SetItem (rest_args, i + 1, Py_NewRef (PyTuple_GetItem (args, i)));
+   }
+   if ((method = PyObject_GetAttr ((PyObject *) self, g_s_find_one_rest))) {
+      res = PyObject_Call (method, rest_args, kwargs);
+      Py_DECREF (method);
+   }
+   Py_DECREF (rest_args);
+   return res;
+}
+
+static int
+Core_traverse (CoreObject *self, visitproc visit, void *arg)
+{
+   Py_VISIT (Py_TYPE ((PyObject *) self));
+   Py_VISIT (self->native);
+   Py_VISIT (self->codec);
+   Py_VISIT (self->bound_session);
+   return 0;
+}
+
+static int
+Core_clear (CoreObject *self)
+{
+   Py_CLEAR (self->native);
+   Py_CLEAR (self->codec);
+   Py_CLEAR (self->bound_session);
+   return 0;
+}
+
+static void
+Core_dealloc (CoreObject *self)
+{
+   PyTypeObject *tp = Py_TYPE ((PyObject *) self);
+   freefunc tp_free = (freefunc) PyType_GetSlot (tp, Py_tp_free);
+
+   PyObject_GC_UnTrack (self);
+   Core_clear (self);
+   tp_free (self);
+   Py_DECREF (tp);
+}
+
+static int
+View_traverse (ViewObject *self, visitproc visit, void *arg)
+{
+   Py_VISIT (Py_TYPE ((PyObject *) self));
+   Py_VISIT (self->core);
+   return 0;
+}
+
+static int
+View_clear (ViewObject *self)
+{
+   Py_CLEAR (self->core);
+   return 0;
+}
+
+static void
+View_dealloc (ViewObject *self)
+{
+   PyTypeObject *tp = Py_TYPE ((PyObject *) self);
+   freefunc tp_free = (freefunc) PyType_GetSlot (tp, Py_tp_free);
+
+   PyObject_GC_UnTrack (self);
+   View_clear (self);
+   tp_free (self);
+   Py_DECREF (tp);
+}
+
+static PyMemberDef Core_members[] = {
+   {"native", T_OBJECT_EX, offsetof (CoreObject, native), 0, "The cache (_native.Cache)."},
+   {"codec", T_OBJECT_EX, offsetof (CoreObject, codec), 0, "The collection's codec options."},
+   {"bound_session", T_OBJECT_EX, offsetof (CoreObject, bound_session), 0,
+    "The bound-session getter: the session PyMongo's bind() made current, or None."},
+   {"ns_idx", T_UINT, offsetof (CoreObject, ns_idx), 0, "The namespace's index."},
+   {"db_idx", T_UINT, offsetof (CoreObject, db_idx), 0, "The database's index."},
+   {"fast", T_BOOL, offsetof (CoreObject, fast), 0, "Whether the fast path may serve."},
+   {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef Core_methods[] = {
+   {"fast_find_one", (PyCFunction) Core_fast_find_one, METH_O,
+    "fast_find_one(filter): the hit when the fast path answers, else the first Step."},
+   {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Core_slots[] = {
+   {Py_tp_doc, (void *) "The C part of a collection's read logic (read.CollectionCore)."},
+   {Py_tp_dealloc, (void *) Core_dealloc},
+   {Py_tp_traverse, (void *) Core_traverse},
+   {Py_tp_clear, (void *) Core_clear},
+   {Py_tp_members, Core_members},
+   {Py_tp_methods, Core_methods},
+   {0, NULL},
+};
+
+static PyType_Spec Core_spec = {
+   .name = "client_query_cache._native.CoreBase",
+   .basicsize = sizeof (CoreObject),
+   .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+   .slots = Core_slots,
+};
+
+static PyMemberDef View_members[] = {
+   {"_core", T_OBJECT_EX, offsetof (ViewObject, core), 0, "The collection's CollectionCore."},
+   {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef View_methods[] = {
+   {"find_one", (PyCFunction) (void (*) (void)) View_find_one, METH_VARARGS | METH_KEYWORDS,
+    "find_one($self, filter=None, *args, **kwargs)\n--\n\n"
+    "PyMongo's ``find_one``, served from the cache when safe."},
+   {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot View_slots[] = {
+   {Py_tp_doc, (void *) "The C part of a cached collection (facade.CollectionBase)."},
+   {Py_tp_dealloc, (void *) View_dealloc},
+   {Py_tp_traverse, (void *) View_traverse},
+   {Py_tp_clear, (void *) View_clear},
+   {Py_tp_members, View_members},
+   {Py_tp_methods, View_methods},
+   {0, NULL},
+};
+
+static PyType_Spec View_spec = {
+   .name = "client_query_cache._native.ViewBase",
+   .basicsize = sizeof (ViewObject),
+   .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+   .slots = View_slots,
+};
+
+/* ======================================================================== */
 /* Module                                                                   */
 /* ======================================================================== */
 
@@ -791,6 +1106,8 @@ PyInit__native (void)
    static bool initialized;
    PyObject *m = PyModule_Create (&moduledef);
    PyObject *cache_type = m ? PyType_FromSpec (&Cache_spec) : NULL;
+   PyObject *core_type = m ? PyType_FromSpec (&Core_spec) : NULL;
+   PyObject *view_type = m ? PyType_FromSpec (&View_spec) : NULL;
 
    if (!initialized) {
       cqc_cache_init_library ();
@@ -801,8 +1118,20 @@ PyInit__native (void)
    g_unhealthy = PyUnicode_FromString ("<cache unhealthy>");
    g_fallback = PyUnicode_FromString ("<cache fallback>");
    g_behind = PyUnicode_FromString ("<cache behind>");
-   if (!cache_type || !g_miss || !g_unhealthy || !g_fallback || !g_behind ||
-       PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
+   g_s_id = PyUnicode_InternFromString ("_id");
+   g_s_start_id = PyUnicode_InternFromString ("_start_id");
+   g_s_start_find_one = PyUnicode_InternFromString ("start_find_one");
+   g_s_find_one_rest = PyUnicode_InternFromString ("_find_one_rest");
+   g_empty_tuple = PyTuple_New (0);
+   /* The types live as long as the process: the fast path compares with
+    * them after the module object is gone. */
+   g_cache_type = (PyTypeObject *) Py_XNewRef (cache_type);
+   g_core_type = (PyTypeObject *) Py_XNewRef (core_type);
+   if (!cache_type || !core_type || !view_type || !g_miss || !g_unhealthy || !g_fallback ||
+       !g_behind || !g_s_id || !g_s_start_id || !g_s_start_find_one || !g_s_find_one_rest ||
+       !g_empty_tuple || PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
+       PyModule_AddObjectRef (m, "CoreBase", core_type) < 0 ||
+       PyModule_AddObjectRef (m, "ViewBase", view_type) < 0 ||
        PyModule_AddFunctions (m, cqc_build_methods) < 0 ||
        PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
        PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
@@ -825,5 +1154,7 @@ PyInit__native (void)
       Py_CLEAR (m);
    }
    Py_XDECREF (cache_type);
+   Py_XDECREF (core_type);
+   Py_XDECREF (view_type);
    return m;
 }

@@ -11,6 +11,8 @@ call on a plain PyMongo collection of the driver's client.
 from __future__ import annotations
 
 import copy
+import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +22,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import InvalidOperation
 from pymongo.read_preferences import ReadPreference
 
-from support import async_outcome, outcome
+from support import async_outcome, outcome, ready_collection, served
 
 DOCS = [{"_id": i, "a": i % 3, "s": f"s{i:02d}"} for i in range(12)]
 MODES = ["cold", "warm", "bypassed"]
@@ -277,6 +279,57 @@ async def test_good_arguments_of_odd_shapes_are_still_served_from_the_cache(d, i
     ]:
         expected = await call(d, items.raw, method, args, kwargs)
         assert await items.d.served(items.cache, lambda: call(d, items.view, method, args, kwargs)) == expected
+
+
+#: find_one's arguments in the forms PyMongo takes (and two it refuses): the
+#: filter positional, by keyword, as a bare _id value or omitted, with a
+#: projection either way, and keywords whatever their names.
+FIND_ONE_FORMS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((), {}),
+    (({"_id": 3},), {}),
+    ((3,), {}),
+    ((), {"filter": {"_id": 3}}),
+    (({"_id": 3}, {"s": 1}), {}),
+    (({"_id": 3},), {"projection": {"a": 0}}),
+    (({"_id": 3},), {"step": 1}),
+    (({"_id": 3},), {"filter": {"_id": 4}}),
+    ((None,), {}),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), FIND_ONE_FORMS, ids=[f"{a!r}-{sorted(k)}" for a, k in FIND_ONE_FORMS])
+async def test_find_one_takes_its_arguments_as_pymongo_does_cold_and_warm(d, items, args, kwargs):
+    expected = await async_outcome(lambda: items.raw.find_one(*args, **kwargs))
+    assert await async_outcome(lambda: items.view.find_one(*args, **kwargs)) == expected  # cold
+    assert await async_outcome(lambda: items.view.find_one(*args, **kwargs)) == expected  # warm, if cacheable
+
+
+async def test_find_one_has_pymongos_signature(d, items):
+    def shape(method: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
+
+    assert shape(items.view.find_one) == shape(items.raw.find_one)
+    assert inspect.iscoroutinefunction(items.view.find_one) == inspect.iscoroutinefunction(items.raw.find_one)
+
+
+def test_a_sync_hit_by_id_runs_no_python_function(manager, client, db_name):
+    # The sync facade answers find_one({"_id": int|str|ObjectId}) hits in
+    # C: a profiler sees no Python call between the call and its return.
+    ids = [3, "s", bson.ObjectId()]
+    client[db_name]["items"].insert_many([{"_id": _id, "n": 1} for _id in ids])
+    view = ready_collection(manager, db_name, "items")
+    for _id in ids:
+        served(manager, lambda _id=_id: view.find_one({"_id": _id}))
+        events: list[tuple[str, str]] = []
+        hits = manager.snapshot().hits
+        sys.setprofile(lambda frame, event, arg: events.append((event, frame.f_code.co_name)))
+        try:
+            doc = view.find_one({"_id": _id})
+        finally:
+            sys.setprofile(None)
+        assert doc == {"_id": _id, "n": 1}
+        assert manager.snapshot().hits == hits + 1
+        assert [name for event, name in events if event == "call"] == []
 
 
 # == sub-collections ===================================================================

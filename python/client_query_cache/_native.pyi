@@ -211,6 +211,38 @@ class Cache:
     def geometry(self) -> dict[str, int]:
         """Arena geometry and owner."""
 
+class CoreBase:
+    """The C part of ``_core.read.CollectionCore``: the fields its fast path
+    reads, which CollectionCore sets."""
+
+    native: Cache
+    codec: Any
+    bound_session: Callable[[], Any]
+    """The session PyMongo's ``bind()`` made current, or None."""
+    ns_idx: int
+    db_idx: int
+    fast: bool
+    """Whether the collection may be served at all (no bypass reason)."""
+
+    def fast_find_one(self, filter: Any, /) -> Any:
+        """``find_one(filter)``: the hit (a document, or None for a cached "not
+        found") when ``filter`` is ``{"_id": int|str|ObjectId}``, ``fast`` is
+        set, no session is bound and no ``after()`` block is open; else the
+        read's first Step: ``self._start_id(id, looked_up)`` after a lookup
+        that answered MISS, UNHEALTHY or BEHIND, or
+        ``self.start_find_one(filter, (), {})``."""
+
+class ViewBase:
+    """The C part of ``_core.facade.CollectionBase``."""
+
+    _core: CoreBase
+
+    def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """PyMongo's ``find_one``: with one positional argument, the fast
+        path's hit (``CoreBase.fast_find_one``); else
+        ``self._find_one_rest(step, filter, *args, **kwargs)``, where
+        ``step`` is the fast path's first Step or None."""
+
 def after_blocks(n: int, /) -> None:
     """How many ``after()`` blocks are open in the process: while any is,
     ``lookup_id`` answers FALLBACK, so the read checks the block's token."""

@@ -58,7 +58,6 @@ __all__ = [
     "KIND_DISTINCT",
     "KIND_FIND",
     "KIND_AGGREGATE",
-    "FAST_ID_TYPES",
 ]
 
 # The first byte of a key: which method's result an entry holds.
@@ -69,9 +68,6 @@ KIND_DISTINCT = 4
 # Kinds from KIND_FIND on hold a sequence of documents (a cursor's result).
 KIND_FIND = 5
 KIND_AGGREGATE = 6
-
-#: _id types the C fast path encodes itself (must match module.c).
-FAST_ID_TYPES = frozenset({int, str, ObjectId})
 
 _EMPTY_DOC = bson.encode({})
 _PLAIN: CodecOptions[Any] = CodecOptions()
@@ -496,8 +492,9 @@ def classify_find_one(
 
 def classify_id(id_value: Any, codec_options: CodecOptions[Any]) -> ReadPlan | BypassReason:
     """``classify_find_one({"_id": id_value}, (), {}, codec_options)`` for an
-    ``id_value`` of a ``FAST_ID_TYPES`` type, built without walking the
-    filter: the plan of a miss of the C fast path. The miss reads a filter
+    ``id_value`` of a type the C fast path takes (an exact int, str or
+    ObjectId: module.c's id_filter), built without walking the filter: the
+    plan of a miss of the C fast path. The miss reads a filter
     of its own (the caller's dict may change while the read is in flight)."""
     canonical = {"_id": id_value}
     filter_bytes = _encode(canonical, codec_options)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from bson.timestamp import Timestamp
 
 from . import causal
+from .._native import ViewBase
 from .config import CacheConfig, MiB, check_connection_string, check_owner_options, check_seconds
 from .engine import Engine
 from .errors import CacheConfigurationError
@@ -44,10 +45,16 @@ def install_write_methods(cls: type, wrap: Callable[[str], Callable[..., Any]]) 
         setattr(cls, name, method)
 
 
-class CollectionBase:
-    """A wrapped PyMongo collection; reads are added by the facade."""
+class CollectionBase(ViewBase):
+    """A wrapped PyMongo collection; reads are added by the facade.
 
-    __slots__ = ("_engine", "_raw", "_core")
+    ``_core`` (the CollectionCore) is ViewBase's field: its ``find_one``,
+    which the sync facade keeps, answers a fast-path hit in C and calls the
+    facade's ``_find_one_rest`` for everything else.
+    """
+
+    __slots__ = ("_engine", "_raw")
+    _core: CollectionCore
     #: causal.bound_session_getter for the facade's PyMongo API.
     _bound_session: ClassVar[Callable[[], Any]]
     #: The facade's PyMongo collection class (sub-collections are wrapped).

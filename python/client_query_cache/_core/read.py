@@ -10,9 +10,11 @@ A facade drives a read through these steps and does only the I/O in between
     HIT    -> step.value is the result
     BYPASS -> call PyMongo's method with the caller's arguments, unchanged
 
-The fast path (``fast_find_one``) answers ``{"_id": int|str|ObjectId}`` hits
-with one C call and no allocation besides the result; otherwise it returns the
-first Step, so a facade tells the two apart with ``type(r) is Step``.
+The fast path (``fast_find_one``, in C: ``_native.CoreBase``) answers
+``{"_id": int|str|ObjectId}`` hits with no Python frame and no allocation
+besides the result; otherwise it returns the first Step, so a facade tells the
+two apart with ``type(r) is Step``. The sync facade's ``find_one`` is C too
+(``_native.ViewBase``): a hit of that shape runs no Python code at all.
 
 Entries hold BSON: a ``find_one`` entry the document itself (or "not found"),
 a count ``{"n": count}``, a ``distinct`` entry ``{"v": [values]}``, a ``find``
@@ -35,7 +37,6 @@ from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
 from .classify import (
-    FAST_ID_TYPES,
     KIND_AGGREGATE,
     KIND_DISTINCT,
     KIND_FIND,
@@ -51,15 +52,13 @@ from .classify import (
     collection_bypass,
 )
 from .causal import BLOCKS, after_floor
-from .._native import decoded
-from .engine import BEHIND, FALLBACK, MISS, UNHEALTHY, Engine, decode_bson
+from .._native import CoreBase, decoded
+from .engine import BEHIND, MISS, UNHEALTHY, Engine, decode_bson
 from .errors import CacheClosedError
 from .reasons import BypassReason
 from .validate import check_aggregate, check_collation, check_find, check_find_one
 
 __all__ = ["CollectionCore", "Step", "StepKind"]
-
-_ABSENT = object()  # not of a FAST_ID_TYPES type
 
 #: Write methods that change at most the one document their filter matches.
 _ONE_DOCUMENT_WRITES = frozenset(
@@ -108,16 +107,18 @@ class Step:
 _BYPASS = Step(StepKind.BYPASS)
 
 
-class CollectionCore:
+class CollectionCore(CoreBase):
     """Per-collection state and logic of a cached collection (either facade).
 
     ``collection`` is a PyMongo ``Collection`` or ``AsyncCollection``; only
-    its options are used here.
+    its options are used here. ``native``, ``codec``, ``bound_session``,
+    ``ns_idx``, ``db_idx`` and ``fast`` are CoreBase's fields: its
+    ``fast_find_one`` reads them.
     """
 
     __slots__ = (
-        "engine", "native", "ns", "codec", "raw", "primary", "primary_values", "probe_db", "bypass",
-        "fast", "generation", "bound_session", "_db_name", "_coll_name", "_base_bypass",
+        "engine", "ns", "raw", "primary", "primary_values", "probe_db", "bypass",
+        "generation", "_db_name", "_coll_name", "_base_bypass",
     )  # fmt: skip
 
     def __init__(self, engine: Engine, collection: Any, bound_session: Callable[[], Any]) -> None:
@@ -150,6 +151,8 @@ class CollectionCore:
         self.generation = engine.generation
         self.native = engine.native
         self.ns = engine.namespace(self._db_name, self._coll_name)
+        self.ns_idx = self.ns.ns_idx
+        self.db_idx = self.ns.db_idx
         self.bypass = self._base_bypass
         if self.bypass is None and self.ns.unavailable:
             self.bypass = BypassReason.NAMESPACE_UNAVAILABLE
@@ -157,23 +160,12 @@ class CollectionCore:
 
     # -- starting a read -------------------------------------------------------
 
-    def fast_find_one(self, filter: Any) -> Any:
-        """``find_one(filter)`` without other arguments: the hit itself when
-        the fast path answers (a document, or None for a cached "not found"),
-        else the first Step."""
-        if self.fast and type(filter) is dict and len(filter) == 1:
-            id_value = filter.get("_id", _ABSENT)
-            if type(id_value) in FAST_ID_TYPES and self.bound_session() is None:
-                # FALLBACK too while an after() block is open (module.c).
-                result = self.native.lookup_id(self.ns.ns_idx, self.ns.db_idx, id_value, self.codec)
-                if type(result) is not str:  # a document or None; the sentinels are str
-                    return result
-                if result is not FALLBACK:
-                    # MISS or UNHEALTHY: start_find_one's steps with the
-                    # lookup done, and the plan this filter is known to
-                    # have (classify_id; PyMongo checks nothing of it).
-                    return self._start(lambda: classify_id(id_value, self.codec), result)
-        return self.start_find_one(filter, (), {})
+    def _start_id(self, id_value: Any, looked_up: Any) -> Step:
+        """``find_one({"_id": id_value})`` after the fast path's lookup of it
+        answered ``looked_up`` (MISS, UNHEALTHY or BEHIND): start_find_one's
+        steps with that lookup done, and the plan this filter is known to
+        have (classify_id; PyMongo checks nothing of it)."""
+        return self._start(lambda: classify_id(id_value, self.codec), looked_up)
 
     def start_find_one(self, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         """``find_one(filter, *args, **kwargs)``: classify, look up, and say

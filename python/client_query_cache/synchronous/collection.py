@@ -62,12 +62,16 @@ class CachedCollection(CollectionBase):
         finally:
             core.observe(since)
 
-    def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """PyMongo's ``find_one``, served from the cache when safe."""
-        core = self._core
-        step = core.fast_find_one(filter) if not args and not kwargs else core.start_find_one(filter, args, kwargs)
-        if type(step) is not Step:
-            return step
+    # find_one is ViewBase's (C): PyMongo's ``find_one``, served from the
+    # cache when safe. A hit of find_one({"_id": int|str|ObjectId}) is
+    # answered there; everything else continues here.
+
+    def _find_one_rest(self, step: Step | None, /, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``find_one(filter, *args, **kwargs)`` past the C fast path:
+        ``step`` is the first Step the fast path took, None if it did not
+        apply to these arguments."""
+        if step is None:
+            step = self._core.start_find_one(filter, args, kwargs)
         return self._serve(step, lambda: self._raw.find_one(filter, *args, **kwargs))
 
     def count_documents(self, filter: Any, *args: Any, **kwargs: Any) -> int:
