@@ -779,8 +779,10 @@ typedef struct {
    PyObject *native;
    PyObject *codec;
    PyObject *bound_session;
-   unsigned int ns_idx;
-   unsigned int db_idx;
+   /* 64 bits, so that a value past 32 bits is refused by the lookup's
+    * range check instead of truncated to another namespace's index. */
+   unsigned long long ns_idx;
+   unsigned long long db_idx;
    char fast;
 } CoreObject;
 
@@ -851,8 +853,8 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
       goto not_taken; /* deleted while the getter ran */
    }
    codec = Py_NewRef (core->codec); /* a decoder in Python may let other code run */
-   r = lookup_key (cache, core->ns_idx, core->db_idx, 1, key, (uint32_t) flen, NULL, 0, codec,
-                   cache->decode);
+   r = lookup_key (cache, (uint32_t) core->ns_idx, (uint32_t) core->db_idx, 1, key,
+                   (uint32_t) flen, NULL, 0, codec, cache->decode);
    Py_DECREF (codec);
    Py_DECREF ((PyObject *) cache);
    if (!r) {
@@ -1016,8 +1018,8 @@ static PyMemberDef Core_members[] = {
    {"codec", T_OBJECT_EX, offsetof (CoreObject, codec), 0, "The collection's codec options."},
    {"bound_session", T_OBJECT_EX, offsetof (CoreObject, bound_session), 0,
     "The bound-session getter: the session PyMongo's bind() made current, or None."},
-   {"ns_idx", T_UINT, offsetof (CoreObject, ns_idx), 0, "The namespace's index."},
-   {"db_idx", T_UINT, offsetof (CoreObject, db_idx), 0, "The database's index."},
+   {"ns_idx", T_ULONGLONG, offsetof (CoreObject, ns_idx), 0, "The namespace's index."},
+   {"db_idx", T_ULONGLONG, offsetof (CoreObject, db_idx), 0, "The database's index."},
    {"fast", T_BOOL, offsetof (CoreObject, fast), 0, "Whether the fast path may serve."},
    {NULL, 0, 0, 0, NULL},
 };

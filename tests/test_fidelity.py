@@ -332,6 +332,19 @@ def test_a_sync_hit_by_id_runs_no_python_function(manager, client, db_name):
         assert [name for event, name in events if event == "call"] == []
 
 
+def test_the_fast_path_checks_the_namespace_index_it_is_given(manager, client, db_name):
+    # CoreBase keeps the indexes in 64 bits: one past 32 bits meets the
+    # lookup's range check, never another namespace's entries.
+    client[db_name]["items"].insert_one({"_id": 1, "n": 1})
+    view = ready_collection(manager, db_name, "items")
+    served(manager, lambda: view.find_one({"_id": 1}))
+    view._core.ns_idx += 1 << 32
+    with pytest.raises(ValueError, match="out of range"):
+        view.find_one({"_id": 1})
+    with pytest.raises(OverflowError):
+        view._core.db_idx = -1
+
+
 # == sub-collections ===================================================================
 
 
