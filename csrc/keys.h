@@ -52,7 +52,7 @@ bool cqc_filter_identity (const uint8_t *filter, size_t len, uint64_t *id_hash);
  *
  * `kind` says which read made it (find_one, find, count, ...), `rest` is the
  * remainder of the read's shape (projection, options), already canonical and
- * encoded by the caller. The identity fast path (module.c's lookup_id, which
+ * encoded by the caller. The identity fast path (module.c's core_try_hit, which
  * encodes {"_id": v} itself with cqc_id_filter_*) and the general path (the
  * filter encoded by PyMongo) build the same bytes for the same read.
  * cqc_key_write writes CQC_KEY_FIXED + flen + rlen bytes to out. */

@@ -30,7 +30,6 @@
 /* Sentinels returned by lookups, compared by identity in Python. */
 static PyObject *g_miss;      /* no valid entry: read MongoDB and admit */
 static PyObject *g_unhealthy; /* the database's stream does not serve */
-static PyObject *g_fallback;  /* the fast path cannot encode this _id */
 static PyObject *g_behind;    /* the applied time is behind the causal floor */
 
 /* Bumped in a child after fork(): a Cache from before refuses to work. */
@@ -43,8 +42,8 @@ on_fork_child (void)
 }
 
 /* How many after() blocks are open in this process (causal.py): while any
- * is, the fast path answers FALLBACK, so the read takes the path that
- * checks the block's token. Changed and read with the GIL held. */
+ * is, the fast path does not take a read, so it takes the path that checks
+ * the block's token. Changed and read with the GIL held. */
 static long g_after_blocks;
 
 typedef struct {
@@ -394,25 +393,6 @@ id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
    return 0;
 }
 
-/* lookup_id(ns_idx, db_idx, id_value, codec_options) */
-static PyObject *
-Cache_lookup_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-   uint8_t filter[FAST_STR_MAX + CQC_ID_FILTER_FIXED];
-   uint32_t ns_idx, db_idx;
-   Py_ssize_t flen;
-
-   if (!check_args (nargs, 4, 4, "lookup_id") || !check_usable (self, USE_READS) ||
-       !PARSE_NS (args[0], &ns_idx) || !PARSE_DB (args[1], &db_idx)) {
-      return NULL;
-   }
-   if ((flen = id_filter (self, args[2], filter, sizeof filter)) <= 0 || g_after_blocks) {
-      return flen < 0 ? NULL : Py_NewRef (g_fallback);
-   }
-   return lookup_key (self, ns_idx, db_idx, 1, filter, (uint32_t) flen, NULL, 0, args[3],
-                      self->decode);
-}
-
 /* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options[, decode]):
  * decode(bytes, codec_options) builds the result of a hit; the cache's
  * decode (one document) when omitted. */
@@ -718,7 +698,6 @@ static PyMethodDef Cache_methods[] = {
    CTOR (local, "A process-local cache: it admits and follows the streams itself."),
    CTOR (owner, "A shared cache's owner: creates the arena file, follows, drains rings."),
    CTOR (worker, "A shared cache's worker: the owner's arena read-only, admits via a ring."),
-   FASTCALL (lookup_id, "lookup_id(ns_idx, db_idx, id, codec_options): identity lookup."),
    FASTCALL (lookup, "lookup(ns_idx, db_idx, kind, filter, rest, codec_options[, decode])."),
    FASTCALL (capture, "capture(ns_idx, filter) -> token, or None: the stream does not serve."),
    FASTCALL (admit, "admit(token, kind, filter, rest, value_or_None, memo_floor, memo_epoch)."),
@@ -806,7 +785,7 @@ static PyObject *g_empty_tuple;
  * with an exception. The same checks, in the same order, as the Python
  * this replaced: the collection can be served, the filter is exactly
  * {"_id": int|str|ObjectId}, no session is bound; then the lookup raises
- * what lookup_id raises. */
+ * what lookup raises (closed, forked, an index out of range). */
 static int
 core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
 {
@@ -847,7 +826,7 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
       goto fail;
    }
    if (flen == 0 || g_after_blocks) {
-      goto not_taken; /* FALLBACK */
+      goto not_taken; /* an _id it cannot encode, or an after() block */
    }
    if (!core->codec) {
       goto not_taken; /* deleted while the getter ran */
@@ -1118,7 +1097,6 @@ PyInit__native (void)
    }
    g_miss = PyUnicode_FromString ("<cache miss>");
    g_unhealthy = PyUnicode_FromString ("<cache unhealthy>");
-   g_fallback = PyUnicode_FromString ("<cache fallback>");
    g_behind = PyUnicode_FromString ("<cache behind>");
    g_s_id = PyUnicode_InternFromString ("_id");
    g_s_start_id = PyUnicode_InternFromString ("_start_id");
@@ -1129,7 +1107,7 @@ PyInit__native (void)
     * them after the module object is gone. */
    g_cache_type = (PyTypeObject *) Py_XNewRef (cache_type);
    g_core_type = (PyTypeObject *) Py_XNewRef (core_type);
-   if (!cache_type || !core_type || !view_type || !g_miss || !g_unhealthy || !g_fallback ||
+   if (!cache_type || !core_type || !view_type || !g_miss || !g_unhealthy ||
        !g_behind || !g_s_id || !g_s_start_id || !g_s_start_find_one || !g_s_find_one_rest ||
        !g_empty_tuple || PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
        PyModule_AddObjectRef (m, "CoreBase", core_type) < 0 ||
@@ -1137,7 +1115,6 @@ PyInit__native (void)
        PyModule_AddFunctions (m, cqc_build_methods) < 0 ||
        PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
        PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
-       PyModule_AddObjectRef (m, "FALLBACK", g_fallback) < 0 ||
        PyModule_AddObjectRef (m, "BEHIND", g_behind) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_OK", CQC_ADMIT_OK) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_STALE", CQC_ADMIT_STALE) < 0 ||

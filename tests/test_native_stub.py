@@ -134,7 +134,6 @@ def test_an_owner_serves_no_reads(tmp_path: Path) -> None:
     try:
         for call in (
             lambda: owner.lookup(0, 0, 1, b"", b"", None),
-            lambda: owner.lookup_id(0, 0, 1, None),
             lambda: owner.capture(0, b""),
             lambda: owner.admit(b"", 1, b"", b"", None, 0, 0),
         ):

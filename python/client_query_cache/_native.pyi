@@ -16,8 +16,6 @@ MISS: Final[str]
 """No valid entry: read MongoDB and admit."""
 UNHEALTHY: Final[str]
 """The database's change stream does not serve: bypass."""
-FALLBACK: Final[str]
-"""``lookup_id`` cannot encode this ``_id`` itself: use ``lookup``."""
 BEHIND: Final[str]
 """An entry was found, but the database's stream has not reached the causal
 floor: it may be older than what the process has seen. Read MongoDB."""
@@ -104,7 +102,7 @@ class Cache:
     ) -> Cache:
         """A shared cache's owner: creates the arena file at ``arena_path``,
         follows the change streams and drains the workers' rings. It serves
-        no reads: ``lookup``, ``lookup_id``, ``capture`` and ``admit`` raise
+        no reads: ``lookup``, ``capture`` and ``admit`` raise
         RuntimeError. ``tls_ca_file``, ``tls_ca_dir`` and ``tls_crl_file`` as
         for ``local``."""
 
@@ -125,12 +123,6 @@ class Cache:
     @property
     def closed(self) -> bool:
         """Whether close() was called."""
-
-    def lookup_id(self, ns_idx: int, db_idx: int, id: object, codec_options: Any, /) -> Any:
-        """The document, None (cached "not found"), MISS, UNHEALTHY, BEHIND,
-        or FALLBACK when the ``_id`` is not an int, str or ObjectId. The
-        document is what the cache's decoder makes of the entry with
-        ``codec_options``; under the default ones csrc/build.c builds it."""
 
     def lookup(
         self,
@@ -245,7 +237,8 @@ class ViewBase:
 
 def after_blocks(n: int, /) -> None:
     """How many ``after()`` blocks are open in the process: while any is,
-    ``lookup_id`` answers FALLBACK, so the read checks the block's token."""
+    ``CoreBase.fast_find_one`` does not take a read, so the read checks the
+    block's token."""
 
 def decoded(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
     """``decode(data, codec_options)``'s result, built by the document

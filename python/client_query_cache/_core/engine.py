@@ -39,13 +39,12 @@ from .trust import platform_trust
 from .uri import crl_file_in
 
 __all__ = [
-    "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY", "FALLBACK",
+    "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY",
     "BEHIND",
 ]  # fmt: skip
 
 MISS = _native.MISS
 UNHEALTHY = _native.UNHEALTHY
-FALLBACK = _native.FALLBACK
 BEHIND = _native.BEHIND
 #: Seconds before a namespace the owner could not register is tried again.
 RETRY_S = 1.0
