@@ -38,7 +38,7 @@ INSTALL_HINT = (
     "wheel, which needs none of them."
 )
 
-COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread"]
+COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread", "-fvisibility=hidden"]
 LINK_ARGS = ["-pthread"]
 # The oldest CPython whose limited API the extension is written to (3.11:
 # Py_buffer and PyObject_GetBuffer joined the limited API there).
