@@ -14,8 +14,9 @@ cqc_floor_init (cqc_floor_t *f, uint32_t db_count)
    f->ts = calloc (db_count ? db_count : 1, sizeof *f->ts);
    f->ns = calloc (db_count ? db_count : 1, sizeof *f->ns);
    f->epoch = calloc (db_count ? db_count : 1, sizeof *f->epoch);
+   f->held = calloc (db_count ? db_count : 1, sizeof *f->held);
    f->memo = calloc (CQC_MEMO_BUCKETS * CQC_MEMO_WAYS, sizeof *f->memo);
-   if (!f->ts || !f->ns || !f->epoch || !f->memo) {
+   if (!f->ts || !f->ns || !f->epoch || !f->held || !f->memo) {
       cqc_floor_free (f);
       return false;
    }
@@ -28,8 +29,10 @@ cqc_floor_free (cqc_floor_t *f)
    free (f->ts);
    free (f->ns);
    free (f->epoch);
+   free (f->held);
    free (f->memo);
    f->ts = f->ns = f->epoch = NULL;
+   f->held = NULL;
    f->memo = NULL;
    f->db_count = 0;
 }
@@ -49,6 +52,14 @@ cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns,
    }
    if (epoch > f->epoch[db_idx]) {
       f->epoch[db_idx] = epoch;
+   }
+}
+
+void
+cqc_floor_hold (cqc_floor_t *f, uint32_t db_idx, bool held)
+{
+   if (db_idx < f->db_count) {
+      f->held[db_idx] = held ? 1 : 0;
    }
 }
 
@@ -229,7 +240,7 @@ cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_
 {
    int verdict = CQC_FLOOR_SERVE;
 
-   if (db_idx >= f->db_count) {
+   if (db_idx >= f->db_count || f->held[db_idx]) {
       return CQC_FLOOR_BEHIND;
    }
    if (cqc_arena_r_applied (a, db_idx) < f->ts[db_idx] &&

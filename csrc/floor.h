@@ -31,6 +31,11 @@
  *    on that document (its identity cell's, and every entry of its
  *    namespace that is not an identity entry) until the stream has applied
  *    it. Up to CQC_PENDING_MAX at once; beyond, the caller raises the floor.
+ *  - Transactions (held). A write through a view inside a transaction has
+ *    no cluster time of its own: it becomes visible at the commit, which the
+ *    views do not see. Until the caller finds the transaction ended, every
+ *    entry of the database is refused (cqc_floor_hold); then it raises the
+ *    database's floor past the commit.
  *
  * Process-private memory, changed and read by one thread at a time (the
  * binding holds the GIL). The arena is read through cqc_arena_r_* only.
@@ -70,6 +75,7 @@ typedef struct {
    uint64_t *ts; /* by db_idx */
    uint64_t *ns; /* by db_idx */
    uint64_t *epoch; /* by db_idx: the highest memo epoch told */
+   uint8_t *held;   /* by db_idx: a transaction wrote there (cqc_floor_hold) */
    cqc_memo_t *memo; /* CQC_MEMO_BUCKETS * CQC_MEMO_WAYS */
    uint32_t memo_next; /* the way replaced when a bucket has none free */
    uint32_t pending_used;
@@ -85,6 +91,10 @@ void cqc_floor_free (cqc_floor_t *f);
  * to `epoch` (the caller's count; see the memo above). */
 void cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns,
                         uint64_t epoch);
+
+/* Refuse every entry of the database (held) or stop refusing them: a
+ * transaction of this process wrote there and has not ended. */
+void cqc_floor_hold (cqc_floor_t *f, uint32_t db_idx, bool held);
 
 /* Record a write of this process to the one document {"_id": v} of ns_idx
  * (`filter`). False when the filter is not an identity filter or no slot

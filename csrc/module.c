@@ -41,9 +41,11 @@ on_fork_child (void)
    g_fork_gen++;
 }
 
-/* How many after() blocks are open in this process (causal.py): while any
- * is, the fast path does not take a read, so it takes the path that checks
- * the block's token. Changed and read with the GIL held. */
+/* Nonzero once an after() block was entered in this process (causal.py):
+ * from then on the fast path takes no read, so every read takes the path
+ * that checks its context's token (a task created inside a block carries
+ * the token after the block has closed). Changed and read with the GIL
+ * held. */
 static long g_after_blocks;
 
 typedef struct {
@@ -549,6 +551,22 @@ Cache_observe_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    return PyBool_FromLong (pending);
 }
 
+/* hold(db_idx, held): refuse every entry of the database while a
+ * transaction of this process that wrote there is open (cqc_floor_hold). */
+static PyObject *
+Cache_hold (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t db_idx;
+   int held;
+
+   if (!check_args (nargs, 2, 2, "hold") || !check_usable (self, USE) ||
+       !PARSE_DB (args[0], &db_idx) || (held = PyObject_IsTrue (args[1])) < 0) {
+      return NULL;
+   }
+   cqc_floor_hold (&self->c.floor, db_idx, held);
+   Py_RETURN_NONE;
+}
+
 /* db_state(db_idx) -> (state, stalled, applied time) as readers see it. */
 static PyObject *
 Cache_db_state (CacheObject *self, PyObject *arg)
@@ -703,6 +721,7 @@ static PyMethodDef Cache_methods[] = {
    FASTCALL (admit, "admit(token, kind, filter, rest, value_or_None, memo_floor, memo_epoch)."),
    FASTCALL (observe, "observe(db_idx, cluster_time, monotonic_ns, memo_epoch): the floor."),
    FASTCALL (observe_id, "observe_id(db_idx, ns_idx, filter, cluster_time, monotonic_ns)."),
+   FASTCALL (hold, "hold(db_idx, held): refuse the database's entries (a transaction)."),
    METHOD (register, METH_VARARGS, "register(db, coll) -> (ns_idx, db_idx)."),
    METHOD (db_state, METH_O, "db_state(db_idx) -> (state, stalled, applied time)."),
    METHOD (ns_epoch, METH_O, "ns_epoch(ns_idx) -> (epoch, incarnation)."),
@@ -1071,7 +1090,7 @@ mod_after_blocks (PyObject *Py_UNUSED (m), PyObject *arg)
 }
 
 static PyMethodDef module_methods[] = {
-   {"after_blocks", mod_after_blocks, METH_O, "after_blocks(n): open after() blocks."},
+   {"after_blocks", mod_after_blocks, METH_O, "after_blocks(n): nonzero once an after() block was entered."},
    {NULL, NULL, 0, NULL},
 };
 

@@ -18,7 +18,9 @@ applies nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import os
 import signal
 import threading
@@ -475,3 +477,112 @@ def test_after_takes_a_timestamp_or_none(manager):
         with pytest.raises(CacheConfigurationError, match="token"):
             with manager.after(bad):
                 pass
+
+
+# -- observations beside plain view reads ----------------------------------------
+
+
+async def test_a_listener_covered_write_is_read_back_right_after_a_miss(d, client, db_name, proxy):
+    # The entry is fresh from this process's own miss (no other observation
+    # since): the raw write the listener reports must still hold it back.
+    _seed(client, db_name, {"_id": 1, "v": 1}, {"_id": 2, "v": 1})
+    mongo = d.client(event_listeners=[CausalListener()])
+    cache = d.manager(mongo, stream_uri=proxy.uri)
+    coll = await d.ready(cache, db_name)
+    for attempt in range(3):
+        with _held(proxy):
+            assert (await d.r(coll.find_one({"_id": 1})))["v"] == attempt + 1  # a miss: admitted
+            await d.r(coll.raw.update_one({"_id": 1}, {"$inc": {"v": 1}}))
+            assert (await d.r(coll.find_one({"_id": 1})))["v"] == attempt + 2
+        # Let the stream apply it before the next round's miss.
+        await asyncio.sleep(3 * TEST_MAX_AWAIT_MS / 1000)
+
+
+async def test_a_context_copied_inside_an_after_block_stays_bound_to_its_token(d, client, db_name, proxy):
+    # A task created inside ``with after(token):`` (or a context copied there)
+    # carries the token for its life, as every context variable does: its
+    # reads after the block has closed are held to the token too, whether or
+    # not another after() block happens to be open elsewhere in the process.
+    _seed(client, db_name, {"_id": 1, "v": 1}, {"_id": 2, "v": 1})
+    writer = d.manager(d.client())
+    reader = d.manager(d.client(), stream_uri=proxy.uri)
+    written = await d.ready(writer, db_name)
+    coll = await d.ready(reader, db_name)
+    assert (await d.served(reader, lambda: coll.find_one({"_id": 1})))["v"] == 1
+    with _held(proxy):
+        await d.r(written.update_one({"_id": 1}, {"$set": {"v": 2}}))
+        token = writer.cluster_time()
+        go = asyncio.Event()
+
+        async def read_later() -> Any:
+            await go.wait()
+            return await d.r(coll.find_one({"_id": 1}))
+
+        with reader.after(token):
+            if d.is_async:
+                task = asyncio.get_running_loop().create_task(read_later())
+            else:
+                copied = contextvars.copy_context()
+        # The block is closed: an unconstrained read still gets the old version...
+        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 1
+        # ...but not one in the context that carries the token.
+        go.set()
+        if d.is_async:
+            got = await task
+        else:
+            got = copied.run(lambda: coll.find_one({"_id": 1}))
+        assert got["v"] == 2
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        lambda target: {"$merge": {"into": {"db": target, "coll": "items"}, "whenMatched": "replace"}},
+        lambda target: {"$out": {"db": target, "coll": "items"}},
+    ],
+    ids=["merge", "out"],
+)
+async def test_a_pipeline_writing_into_another_database_is_read_back(d, client, db_name, proxy, stage):
+    target = f"{db_name}_t"
+    try:
+        client[db_name].items.insert_one({"_id": 1, "v": 2})
+        client[target].items.insert_one({"_id": 1, "v": 1})
+        mongo = d.client()
+        cache = d.manager(mongo, stream_uri=proxy.uri)
+        source = await d.ready(cache, db_name)
+        written = await d.ready(cache, target)
+        assert (await d.served(cache, lambda: written.find_one({"_id": 1})))["v"] == 1
+        with _held(proxy):
+            assert await d.docs(source.aggregate([{"$match": {}}, stage(target)])) == []
+            assert (await d.r(written.find_one({"_id": 1})))["v"] == 2
+    finally:
+        client.drop_database(target)
+
+
+@pytest.mark.parametrize("write", ["update_one", "update_many"])
+@pytest.mark.parametrize("how", ["argument", "bound"])
+async def test_a_views_write_in_a_transaction_is_read_back_after_the_commit(d, client, db_name, proxy, write, how):
+    _seed(client, db_name, {"_id": 1, "v": 1}, {"_id": 2, "v": 1})
+    mongo = d.client()
+    cache = d.manager(mongo, stream_uri=proxy.uri)
+    coll = await d.ready(cache, db_name)
+    assert (await d.served(cache, lambda: coll.find_one({"_id": 1})))["v"] == 1
+    session = mongo.start_session()
+    try:
+        await d.r(session.start_transaction())
+        if how == "argument":
+            await d.r(getattr(coll, write)({"_id": 1}, {"$set": {"v": 2}}, session=session))
+        else:
+            async with d.bound(session):
+                await d.r(getattr(coll, write)({"_id": 1}, {"$set": {"v": 2}}))
+        # Outside the transaction, before its commit: the old version, also
+        # once the stream has gone past the write (which has no event yet).
+        await asyncio.sleep(3 * TEST_MAX_AWAIT_MS / 1000)
+        for _ in range(3):
+            assert (await d.r(coll.find_one({"_id": 1})))["v"] == 1
+        with _held(proxy):
+            await d.r(session.commit_transaction())
+            assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
+            assert [x["v"] for x in await d.docs(coll.find({}, sort=[("_id", 1)]))] == [2, 1]
+    finally:
+        await d.r(session.end_session())

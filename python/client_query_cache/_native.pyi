@@ -166,6 +166,10 @@ class Cache:
         CLOCK_MONOTONIC time it was observed at (0 otherwise); and its memo
         epoch (0: unchanged), which ends the memo entries of other ones."""
 
+    def hold(self, db_idx: int, held: bool, /) -> None:
+        """Refuse every entry of the database (``held``), or stop: a
+        transaction of this process wrote there and has not ended."""
+
     def observe_id(
         self, db_idx: int, ns_idx: int, filter: Buffer, cluster_time: int, monotonic_ns: int, /
     ) -> bool:
@@ -236,9 +240,9 @@ class ViewBase:
         ``step`` is the fast path's first Step or None."""
 
 def after_blocks(n: int, /) -> None:
-    """How many ``after()`` blocks are open in the process: while any is,
-    ``CoreBase.fast_find_one`` does not take a read, so the read checks the
-    block's token."""
+    """Nonzero once an ``after()`` block was entered in the process (causal.py):
+    from then on ``CoreBase.fast_find_one`` takes no read, so every read
+    checks its context's token (a context copied inside a block keeps it)."""
 
 def decoded(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
     """``decode(data, codec_options)``'s result, built by the document

@@ -96,28 +96,28 @@ _AFTER: contextvars.ContextVar[int] = contextvars.ContextVar("cqc_after", defaul
 
 
 class _Blocks:
-    """How many ``after`` blocks are open in this process: reads look at the
-    context variable only while one is."""
+    """Whether an ``after`` block was ever entered in this process: reads look
+    at the context variable from then on. A block's token lives in the
+    context, so a task created (or a context copied) inside the block
+    carries it after the block has closed: whether a read is held to a token
+    depends on its own context only, never on other blocks being open."""
 
-    __slots__ = ("open", "_lock")
+    __slots__ = ("used", "_lock")
 
     def __init__(self) -> None:
-        self.open = 0
+        self.used = False
         self._lock = threading.Lock()
 
     def enter(self) -> None:
+        if self.used:
+            return
         from .. import _native
 
         with self._lock:
-            self.open += 1
-            _native.after_blocks(self.open)
-
-    def leave(self) -> None:
-        from .. import _native
-
-        with self._lock:
-            self.open -= 1
-            _native.after_blocks(self.open)
+            # The C fast path leaves every read to the Python path, which
+            # reads the context variable, before any token is set.
+            _native.after_blocks(1)
+            self.used = True
 
 
 BLOCKS = _Blocks()
@@ -139,12 +139,11 @@ def after(token: Any) -> Iterator[None]:
     if not isinstance(token, Timestamp):
         raise CacheConfigurationError(f"token must be a bson.Timestamp or None, not {type(token).__name__}")
     value = max((token.time << 32) | token.inc, _AFTER.get())
-    reset = _AFTER.set(value)
     BLOCKS.enter()
+    reset = _AFTER.set(value)
     try:
         yield
     finally:
-        BLOCKS.leave()
         _AFTER.reset(reset)
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "classify_find",
     "classify_aggregate",
     "collection_bypass",
+    "written_databases",
     "KIND_FIND_ONE",
     "KIND_COUNT_DOCUMENTS",
     "KIND_ESTIMATED_COUNT",
@@ -369,6 +370,30 @@ def check_pipeline(pipeline: list[Any]) -> BypassReason | None:
         if reason is not None:
             return reason
     return None
+
+
+def written_databases(pipeline: Any, own: str) -> frozenset[str] | None:
+    """The databases an aggregation pipeline's ``$out`` or ``$merge`` writes
+    into (``own``, the pipeline's database, for a target named by collection
+    only): empty if it writes nothing, None if a write stage's target cannot
+    be read (every database must then be taken as written)."""
+    if not isinstance(pipeline, list):
+        return frozenset()
+    found: set[str] = set()
+    for stage in pipeline:
+        if not isinstance(stage, Mapping) or len(stage) != 1:
+            continue
+        ((name, spec),) = stage.items()
+        if name not in _WRITE_STAGES:
+            continue
+        target = spec.get("into") if name == "$merge" and isinstance(spec, Mapping) else spec
+        if isinstance(target, str):
+            found.add(own)
+        elif isinstance(target, Mapping) and isinstance(target.get("db", own), str):
+            found.add(target.get("db", own))
+        else:
+            return None
+    return frozenset(found)
 
 
 def _canonical_filter(filter: Mapping[Any, Any]) -> dict[str, Any]:

@@ -193,6 +193,9 @@ class CursorBase:
         self._started = True
         # An aggregate has run; a find reads on its first fetch.
         self._since = self._core.observe(self._since)
+        if self._method == "aggregate" and self._args:
+            # $out and $merge may write into another database.
+            self._core.observe_written(self._args[0])
 
     def _bypassed(self, doc: Any) -> Any:
         """A document of PyMongo's cursor (a bypass), which may have read a

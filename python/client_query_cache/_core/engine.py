@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -150,6 +151,10 @@ class Engine:
         #: Per database, moved on by each observation of an operation that
         #: overlapped another (see observe): it ends the memo's entries.
         self._memo_epoch: dict[str, int] = {}
+        #: Per database, the sessions whose open transaction wrote there
+        #: through a view (weak references): the database's entries are
+        #: refused until each has ended (hold_for_transaction).
+        self._transactions: dict[str, list[weakref.ref[Any]]] = {}
         #: The latest write to one document per database (observe_write_id),
         #: carried to a new owner's arena as the database's floor.
         self._targeted: dict[str, int] = {}
@@ -335,6 +340,8 @@ class Engine:
                     self._floors[db] = floor
                     self._db_idx[db] = handle.db_idx
                     self.native.observe(handle.db_idx, *floor, self._memo_epoch.get(db, 0))
+                    if db in self._transactions:
+                        self.native.hold(handle.db_idx, True)
                 self._namespaces[key] = handle
         return handle
 
@@ -367,6 +374,44 @@ class Engine:
                 epoch = self._memo_epoch[db] = self._memo_epoch.get(db, 0) + 1
         self.observe_time(db, self._clock(), epoch)
         return count
+
+    def hold_for_transaction(self, db: str, session: Any) -> None:
+        """A view's write to ``db`` ran in ``session``'s open transaction: it
+        becomes visible at the commit, which the views do not see, so every
+        entry of ``db`` is refused until the transaction has ended
+        (release_transactions, on the next read of ``db``)."""
+        with self._lock:
+            sessions = self._transactions.setdefault(db, [])
+            if not any(ref() is session for ref in sessions):
+                sessions.append(weakref.ref(session))
+            native, db_idx = self.native, self._db_idx.get(db)
+        if db_idx is not None:
+            with contextlib.suppress(CacheClosedError, CacheForkedError):
+                native.hold(db_idx, True)
+
+    def holds(self, db: str) -> bool:
+        """Whether a transaction that wrote to ``db`` may still be open."""
+        return db in self._transactions
+
+    def release_transactions(self, db: str) -> bool:
+        """Stop refusing ``db``'s entries if every transaction that wrote
+        there has ended (committed, aborted, or its session ended or
+        collected): its floor is first raised past the commit (the client's
+        cluster time now). Returns whether ``db`` is no longer held."""
+        with self._lock:
+            sessions = self._transactions.get(db)
+            if sessions is None:
+                return True
+            sessions[:] = [ref for ref in sessions if getattr(ref(), "in_transaction", False)]
+            if sessions:
+                return False
+            del self._transactions[db]
+            native, db_idx = self.native, self._db_idx.get(db)
+        self.observe(db)
+        if db_idx is not None:
+            with contextlib.suppress(CacheClosedError, CacheForkedError):
+                native.hold(db_idx, False)
+        return True
 
     def observe_write_id(self, ns: NamespaceHandle, native: Any, filter_bytes: bytes) -> bool:
         """A write through a view to the one document ``filter_bytes``

@@ -33,6 +33,8 @@ from typing import Any
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.client_session import ClientSession
 from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import ReadPreference
 
@@ -50,6 +52,7 @@ from .classify import (
     classify_find_one,
     classify_id,
     collection_bypass,
+    written_databases,
 )
 from .causal import BLOCKS, after_floor
 from .._native import CoreBase, decoded
@@ -64,6 +67,9 @@ __all__ = ["CollectionCore", "Step", "StepKind"]
 _ONE_DOCUMENT_WRITES = frozenset(
     {"update_one", "replace_one", "delete_one", "find_one_and_delete", "find_one_and_replace", "find_one_and_update"}
 )
+
+#: PyMongo's session classes: a write's session given positionally.
+_SESSION_TYPES = (ClientSession, AsyncClientSession)
 
 #: How distinct values are read on a miss: elements that are documents stay
 #: raw, and scalars decode to types that encode back to the same bytes (no
@@ -224,8 +230,12 @@ class CollectionCore(CoreBase):
             # PyMongo runs this read in the bound session (or raises for
             # another client's): never from or into the cache.
             reason = BypassReason.SESSION
-        elif reason is None and BLOCKS.open and self.native.db_state(self.ns.db_idx)[2] < after_floor():
+        elif reason is None and BLOCKS.used and self.native.db_state(self.ns.db_idx)[2] < after_floor():
             reason = BypassReason.STREAM_BEHIND
+        if looked_up is BEHIND and self.engine.holds(self._db_name) and self.engine.release_transactions(
+            self._db_name
+        ):
+            looked_up = None  # refused while a transaction was open: look up again
         if reason is None:
             plan = classify()
             if check is not None and type(plan) is ReadPlan:
@@ -240,6 +250,8 @@ class CollectionCore(CoreBase):
             if type(plan) is ReadPlan:
                 result = looked_up
                 if result is None:
+                    if self.engine.holds(self._db_name):
+                        self.engine.release_transactions(self._db_name)
                     if plan.limit:
                         result = self.engine.lookup_limited(self.ns, plan, self.codec)
                     else:
@@ -389,6 +401,18 @@ class CollectionCore(CoreBase):
         when it was sent (None: not known); returns the count with it."""
         return self.engine.observe(self._db_name, since)
 
+    def observe_written(self, pipeline: Any) -> None:
+        """An aggregation ``pipeline`` of this collection ran (a bypass): the
+        databases its ``$out`` or ``$merge`` wrote into other than this one
+        are observed too (every database the process knows, if a target
+        cannot be read)."""
+        targets = written_databases(pipeline, self._db_name)
+        if targets is None:
+            self.engine.observe_everywhere(self.engine.cluster_time())
+            return
+        for db in targets - {self._db_name}:
+            self.engine.observe(db)
+
     def observations(self) -> int:
         """The database's observation count, taken before an operation is
         sent (Engine.observe)."""
@@ -398,7 +422,14 @@ class CollectionCore(CoreBase):
         """A view's write ``method(*args, **kwargs)`` went to MongoDB. One
         whose filter is exactly ``{"_id": v}`` wrote at most that document:
         only the entries that may depend on it are held back; any other
-        raises the database's floor."""
+        raises the database's floor. One in a transaction (a ``session``
+        argument, or a bound session, in a transaction) holds the database
+        back until the transaction has ended."""
+        session = kwargs.get("session")
+        if session is None:
+            session = next((a for a in args if isinstance(a, _SESSION_TYPES)), None) or self.bound_session()
+        if session is not None and getattr(session, "in_transaction", False):
+            self.engine.hold_for_transaction(self._db_name, session)
         if method in _ONE_DOCUMENT_WRITES and not self.ns.unavailable:
             flt = args[0] if args else kwargs.get("filter")
             if type(flt) is dict and len(flt) == 1 and "_id" in flt:
