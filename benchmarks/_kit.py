@@ -37,9 +37,9 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
 MiB = 1024 * 1024
-#: The bypass reason of a read that went to MongoDB because the stream had
-#: not yet applied what the process had already seen (the causal floor): the
-#: cost of that guarantee, counted apart from every other bypass.
+#: The bypass reason of a read inside an ``after()`` block whose token the
+#: stream had not applied yet: with the causal floor's refusals
+#: (``CacheSnapshot.behind``), the cost of causal reads (``counted``).
 BEHIND = "stream_behind"
 DIGEST_BYTES = 16
 MAX_EXAMPLES = 5
@@ -48,10 +48,10 @@ NEVER = (1 << 63) - 1
 #: The owner's geometry of DESIGN.md's benchmark.
 OWNER_GEOMETRY = {"arena_bytes": 40 * MiB, "budget_bytes": 32 * MiB, "slots": 16384}
 #: What a timing harness waits after its warm-up, before the timed reads: two
-#: change-stream rounds (max_await_time_ms 1 s) and a margin. The warm-up's
-#: misses raised the causal floor; until a stream round proves it reached, a
-#: hit is served only by the memo of the process's own misses, which hashes
-#: its copy (floor.h). The timed hits are then the steady state's.
+#: change-stream rounds (max_await_time_ms 1 s) and a margin. Until a stream
+#: round passes the warm-up's misses, a hit of one entry is an observation
+#: the floor records (floor.h); after it, hits record nothing. The timed
+#: hits are then the steady state's.
 SETTLE_S = 2.5
 
 
@@ -198,13 +198,15 @@ def in_ms(samples_ns: Sequence[int]) -> dict[str, float]:
 
 
 def counted(before: Any, after: Any, names: Sequence[str] = ("hits", "misses")) -> dict[str, int]:
-    """What a manager counted between two snapshots: each of ``names``, then
-    its bypasses, split: ``behind``, the reads that went to MongoDB because
-    the stream had not yet applied what the process had seen (the causal
-    floor), and ``bypasses``, for any other reason."""
+    """What a manager counted between two snapshots: each of ``names``;
+    ``behind``, the reads that went to MongoDB because their entry may be
+    older than what the process had seen (the causal floor, counted in
+    ``CacheSnapshot.behind``) or than an ``after()`` token (the bypass
+    reason ``stream_behind``); and ``bypasses``, for any other reason."""
     out = {name: getattr(after, name) - getattr(before, name) for name in names}
-    out["behind"] = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
-    out["bypasses"] = after.bypass_total - before.bypass_total - out["behind"]
+    tokens = after.bypasses.get(BEHIND, 0) - before.bypasses.get(BEHIND, 0)
+    out["behind"] = after.behind - before.behind + tokens
+    out["bypasses"] = after.bypass_total - before.bypass_total - tokens
     return out
 
 

@@ -26,15 +26,17 @@ typedef struct {
    uint32_t gen;
    uint32_t len;  /* whole block, header included, multiple of 8 */
    uint32_t slot; /* slot index that references it (writer bookkeeping) */
-   uint64_t sum;  /* entry_sum () of the entry: a reader serves a copy only
-                   * if it matches, so bytes changed in shared memory by
-                   * anything but the writer are never returned */
+   cqc_stamp_t stamp; /* of the read that admitted it (arena.h) */
+   uint64_t sum;  /* entry_sum () of the entry, its stamp included: a reader
+                   * serves a copy only if it matches, so bytes changed in
+                   * shared memory by anything but the writer are never
+                   * returned */
 } block_hdr_t;
 
 _Static_assert (sizeof (block_hdr_t) == CQC_BLOCK_HEADER, "CQC_BLOCK_HEADER is the block header");
 _Static_assert (offsetof (block_hdr_t, magic) == 0 && offsetof (block_hdr_t, gen) == 4 &&
                    offsetof (block_hdr_t, len) == 8 && offsetof (block_hdr_t, slot) == 12 &&
-                   offsetof (block_hdr_t, sum) == 16,
+                   offsetof (block_hdr_t, stamp) == 16 && offsetof (block_hdr_t, sum) == 56,
                 "block_hdr_t layout");
 
 /* Checksum of an entry as a reader returns it: its value bytes and length,
@@ -44,7 +46,8 @@ _Static_assert (offsetof (block_hdr_t, magic) == 0 && offsetof (block_hdr_t, gen
  * end. It catches corrupted, moved or truncated bytes, not a forger who can
  * write the arena and its sums anyway. */
 static uint64_t
-entry_sum (uint16_t flags, uint32_t key_len, const void *val, uint32_t val_len)
+entry_sum (uint16_t flags, uint32_t key_len, const void *val, uint32_t val_len,
+           const cqc_stamp_t *stamp)
 {
    const uint8_t *p = val;
    uint64_t a = 0x656e747279ull ^ ((uint64_t) (flags & (CQC_ENTRY_NOT_FOUND | CQC_ENTRY_CONFLICT)) << 32) ^ key_len;
@@ -62,7 +65,7 @@ entry_sum (uint16_t flags, uint32_t key_len, const void *val, uint32_t val_len)
    b += a;
    pair[0] = a;
    pair[1] = b;
-   return cqc_hash_bytes (pair, sizeof pair, 0x73756dull);
+   return cqc_hash_bytes (stamp, sizeof *stamp, cqc_hash_bytes (pair, sizeof pair, 0x73756dull));
 }
 
 static uint64_t
@@ -341,6 +344,19 @@ cqc_lookup_t
 cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const uint8_t *key,
                     uint32_t key_len, cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
 {
+   cqc_stamp_t stamp;
+   uint32_t cell;
+
+   return cqc_arena_r_lookup_stamped (a, ns_idx, hash, key, key_len, alloc, discard, ctx,
+                                      &stamp, &cell);
+}
+
+cqc_lookup_t
+cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash,
+                            const uint8_t *key, uint32_t key_len, cqc_alloc_fn alloc,
+                            cqc_discard_fn discard, void *ctx, cqc_stamp_t *stamp,
+                            uint32_t *cell)
+{
    uint32_t mask = a->geo.slot_count - 1;
    uint64_t ring_bytes = a->ring_bytes;
    uint32_t i, n;
@@ -391,6 +407,7 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
          }
          memcpy (dst, a->ring + c.block_off + CQC_BLOCK_HEADER + c.key_len, c.val_len);
       }
+      memcpy (stamp, &bh->stamp, sizeof *stamp);
       sum = bh->sum;
       FENCE_ACQ ();
       /* The copy is private now. Both the slot and the block must be the
@@ -401,12 +418,13 @@ cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const 
        * generation the slot names, a second witness that costs one load.
        * Then the copy is checked against the writer's sum. */
       if (LOAD_RELAXED (&s->seq) != seq1 || LOAD_RELAXED (&bh->gen) != c.block_gen ||
-          entry_sum (c.flags, c.key_len, dst ? dst : "", dst ? c.val_len : 0) != sum) {
+          entry_sum (c.flags, c.key_len, dst ? dst : "", dst ? c.val_len : 0, stamp) != sum) {
          if (dst) {
             discard (ctx);
          }
          return CQC_LOOKUP_MISS;
       }
+      *cell = (c.flags & CQC_ENTRY_IDENTITY) ? c.id_cell : CQC_NO_CELL;
       return (c.flags & CQC_ENTRY_NOT_FOUND) ? CQC_LOOKUP_NOT_FOUND : CQC_LOOKUP_HIT;
    }
    return CQC_LOOKUP_MISS;
@@ -771,6 +789,66 @@ same_generations_w (const cqc_slot_t *s, const cqc_token_t *tok)
           s->id_cell == tok->id_cell;
 }
 
+/* A later read returned the entry of slot i again: the result was current
+ * when that read began too, so the entry's start moves on to it (floor.h
+ * (c) then serves it after observations made in between) and it becomes
+ * that read's (its own read, floor.h (d)), while its end and cluster time
+ * stay the earlier of the two reads': what a hit of it shows is no newer
+ * than then. Stamp and sum change between slot_begin_w and slot_end_w, so
+ * a reader that copied either while they changed sees the slot's seq move
+ * (a miss). */
+static void
+refresh_stamp_w (cqc_arena_t *a, uint32_t i, const cqc_stamp_t *stamp)
+{
+   cqc_slot_t *s = &a->slots[i];
+   block_hdr_t *bh = block_at_w (a, s->block_off);
+
+   if (stamp->start_ns <= bh->stamp.start_ns || stamp->end_ns < stamp->start_ns ||
+       !bh->stamp.end_ns) {
+      return;
+   }
+   slot_begin_w (s);
+   bh->stamp.start_ns = stamp->start_ns;
+   bh->stamp.read_id = stamp->read_id;
+   bh->stamp.flags &= stamp->flags;
+   if (stamp->end_ns < bh->stamp.end_ns) {
+      bh->stamp.end_ns = stamp->end_ns;
+   }
+   if (stamp->end_ts && stamp->end_ts < bh->stamp.end_ts) {
+      bh->stamp.end_ts = stamp->end_ts;
+   }
+   bh->sum = entry_sum (s->flags, s->key_len,
+                        s->val_len ? (const void *) (a->ring + s->block_off + CQC_BLOCK_HEADER +
+                                                     s->key_len)
+                                   : "",
+                        s->val_len, &bh->stamp);
+   slot_end_w (s);
+}
+
+/* Which of two reads under the same generations that returned different
+ * results is the newer. Known only on a deployment of one member (both
+ * stamps CQC_STAMP_ORDERED), where a read that began after another ended
+ * read at least what that one read (floor.h); reads that overlapped are not
+ * ordered. */
+typedef enum { ORDER_UNKNOWN, ORDER_NEW_IS_NEWER, ORDER_OLD_IS_NEWER } order_t;
+
+static order_t
+order_w (const cqc_stamp_t *old, const cqc_stamp_t *new)
+{
+   if (!(old->flags & new->flags & CQC_STAMP_ORDERED) || !old->end_ns || !new->end_ns) {
+      return ORDER_UNKNOWN;
+   }
+   /* A renewed entry's start lies past its end (refresh_stamp_w): it was
+    * current at both. */
+   if (new->start_ns >= old->end_ns && new->start_ns >= old->start_ns) {
+      return ORDER_NEW_IS_NEWER;
+   }
+   if (old->start_ns >= new->end_ns) {
+      return ORDER_OLD_IS_NEWER;
+   }
+   return ORDER_UNKNOWN;
+}
+
 /* Two reads captured under the same generations returned different results
  * only if a write landed between them whose event is not applied yet. The
  * order of their admissions says nothing about the order of the reads, so
@@ -829,6 +907,7 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    cqc_slot_t *s;
    bool stalled;
    bool conflict = false;
+   cqc_stamp_t stamp = tok->stamp;
 
    if (!tok->healthy || tok->db_idx >= h->geo.db_count ||
        cqc_arena_r_db_state (a, tok->db_idx, &stalled) != CQC_STREAM_HEALTHY) {
@@ -863,11 +942,26 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
          if (!conflict) {
             /* The same result under the same generations: another read of
              * it (several workers missing one document before its first
-             * admission lands) is already cached. Writing it again would
-             * only move the ring on, evicting live entries early and
-             * touching pages no entry needs. */
+             * admission lands, or a read the causal floor sent to MongoDB)
+             * is already cached. Writing it again would only move the ring
+             * on, evicting live entries early and touching pages no entry
+             * needs; a read that began later only moves the entry's stamp
+             * on (the result was current then too). */
+            refresh_stamp_w (a, existing, &stamp);
             h->admissions++;
             return CQC_ADMIT_OK;
+         }
+         /* The newer result of two ordered reads replaces the older one,
+          * and the older one is not admitted over the newer. */
+         switch (order_w (&block_at_w (a, e->block_off)->stamp, &stamp)) {
+         case ORDER_OLD_IS_NEWER:
+            h->rejected_stale++;
+            return CQC_ADMIT_STALE;
+         case ORDER_NEW_IS_NEWER:
+            conflict = false;
+            break;
+         default:
+            break;
          }
       }
       slot_remove_w (a, existing);
@@ -876,6 +970,7 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
          flags = (uint16_t) ((flags & CQC_ENTRY_IDENTITY) | CQC_ENTRY_CONFLICT);
          val = NULL;
          val_len = 0;
+         stamp = (cqc_stamp_t){0};
          need = align_up ((uint64_t) CQC_BLOCK_HEADER + key_len, 8);
       }
    }
@@ -896,7 +991,8 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    if (val_len) {
       memcpy (a->ring + off + CQC_BLOCK_HEADER + key_len, val, val_len);
    }
-   bh->sum = entry_sum (flags, key_len, val_len ? (const void *) val : "", val_len);
+   bh->stamp = stamp;
+   bh->sum = entry_sum (flags, key_len, val_len ? (const void *) val : "", val_len, &stamp);
 
    for (n = 0, i = (uint32_t) hash & mask; n < CQC_MAX_PROBE; n++, i = (i + 1) & mask) {
       if (a->slots[i].state == 0) {

@@ -45,13 +45,13 @@
 #include <stdint.h>
 
 #define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
-#define CQC_LAYOUT_VERSION 5u
+#define CQC_LAYOUT_VERSION 6u
 
 #define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
 #define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
 #define CQC_MAX_PROBE 64u    /* longest probe sequence, readers and writer */
 #define CQC_NO_CELL 0xffffffffu
-#define CQC_BLOCK_HEADER 24u
+#define CQC_BLOCK_HEADER 64u
 
 /* Entry flags (cqc_slot_t.flags). */
 #define CQC_ENTRY_IDENTITY 0x1u  /* validated by an identity generation */
@@ -261,7 +261,36 @@ _Static_assert (offsetof (cqc_arena_header_t, magic) == 0 &&
                    sizeof (cqc_arena_header_t) == 248,
                 "cqc_arena_header_t layout");
 
-/* Generations captured before a miss reads MongoDB (coherence rule 1). */
+/* When, and by which read, an entry's result was read: what the causal
+ * floor (floor.h) compares with what a process has observed. start_ns is
+ * CLOCK_MONOTONIC before the read's first command was sent, end_ns after its
+ * last reply (a result spread over several batches lies between the two),
+ * end_ts the client's cluster time after it ((seconds << 32) | increment),
+ * read_id the read's id, unique among the processes of the host (floor.h).
+ * A later read of the same result moves start_ns on past end_ns (the
+ * result was current at both; cqc_arena_w_admit).
+ * CQC_STAMP_ORDERED: the reading process knows its deployment to be of one
+ * member, where a read that began after another ended read at least what it
+ * read; only then are the times compared with other reads' (cqc_arena_w_admit,
+ * floor.c). All zero: nothing known, the entry waits for the stream. */
+#define CQC_STAMP_ORDERED 0x1u
+typedef struct {
+   uint64_t start_ns;
+   uint64_t end_ns;
+   uint64_t end_ts;
+   uint64_t read_id;
+   uint32_t flags;
+   uint32_t pad_;
+} cqc_stamp_t;
+
+_Static_assert (offsetof (cqc_stamp_t, start_ns) == 0 && offsetof (cqc_stamp_t, end_ns) == 8 &&
+                   offsetof (cqc_stamp_t, end_ts) == 16 && offsetof (cqc_stamp_t, read_id) == 24 &&
+                   offsetof (cqc_stamp_t, flags) == 32 && sizeof (cqc_stamp_t) == 40,
+                "cqc_stamp_t layout");
+
+/* Generations captured before a miss reads MongoDB (coherence rule 1), and
+ * the stamp of that read (filled in once it has ended; the arena keeps it
+ * with the entry). */
 typedef struct {
    uint32_t ns_idx;
    uint32_t db_idx;
@@ -271,13 +300,15 @@ typedef struct {
    uint64_t gen;
    uint32_t healthy; /* stream was healthy at capture */
    uint32_t pad_;
+   cqc_stamp_t stamp;
 } cqc_token_t;
 
-/* Tokens travel in workers' rings (ring.h) as these 40 bytes. */
+/* Tokens travel in workers' rings (ring.h) as these 80 bytes. */
 _Static_assert (offsetof (cqc_token_t, ns_idx) == 0 && offsetof (cqc_token_t, db_idx) == 4 &&
                    offsetof (cqc_token_t, id_cell) == 8 && offsetof (cqc_token_t, db_inc) == 12 &&
                    offsetof (cqc_token_t, ns_epoch) == 16 && offsetof (cqc_token_t, gen) == 24 &&
-                   offsetof (cqc_token_t, healthy) == 32 && sizeof (cqc_token_t) == 40,
+                   offsetof (cqc_token_t, healthy) == 32 && offsetof (cqc_token_t, stamp) == 40 &&
+                   sizeof (cqc_token_t) == 80,
                 "cqc_token_t layout");
 
 /* A view of an arena in memory; what a process holds, not what is shared. */
@@ -353,6 +384,14 @@ cqc_lookup_t cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t
                                  const uint8_t *key, uint32_t key_len, cqc_alloc_fn alloc,
                                  cqc_discard_fn discard, void *ctx);
 
+/* The same, and on HIT or NOT_FOUND the entry's stamp in *stamp (checked
+ * with the copy against the writer's sum) and its identity cell in *cell
+ * (CQC_NO_CELL for an entry that is not an identity entry). */
+cqc_lookup_t cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash,
+                                         const uint8_t *key, uint32_t key_len, cqc_alloc_fn alloc,
+                                         cqc_discard_fn discard, void *ctx, cqc_stamp_t *stamp,
+                                         uint32_t *cell);
+
 /* Capture an admission token for a read of ns_idx (id_cell or CQC_NO_CELL). */
 void cqc_arena_r_capture (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell,
                           cqc_token_t *tok);
@@ -391,6 +430,12 @@ bool cqc_arena_w_ns_register (cqc_arena_t *a, const char *db, size_t db_len, con
 bool cqc_arena_w_ns_lookup (const cqc_arena_t *a, const char *db, size_t db_len,
                             const char *coll, size_t coll_len, uint32_t *idx);
 
+/* Admit under tok's generations, with tok's stamp. Under the same
+ * generations as an entry already there: the same result keeps that entry
+ * (CQC_ADMIT_OK); another one replaces it if both stamps are
+ * CQC_STAMP_ORDERED and the new read began after the old one ended, is
+ * refused (CQC_ADMIT_STALE) if it ended before the old one began, and
+ * otherwise leaves a conflict marker (CQC_ADMIT_CONFLICT). */
 cqc_admit_t cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash,
                                const uint8_t *key, uint32_t key_len, const uint8_t *val,
                                uint32_t val_len, uint16_t flags);

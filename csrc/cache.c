@@ -222,7 +222,7 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
    c->tls_ca_file = c->uri && cfg->tls_ca_file ? strdup (cfg->tls_ca_file) : NULL;
    c->tls_ca_dir = c->uri && cfg->tls_ca_dir ? strdup (cfg->tls_ca_dir) : NULL;
    c->tls_crl_file = c->uri && cfg->tls_crl_file ? strdup (cfg->tls_crl_file) : NULL;
-   if (!c->streams || !c->final_info || !cqc_floor_init (&c->floor, dbs) ||
+   if (!c->streams || !c->final_info || !cqc_floor_init (&c->floor, dbs, c->arena.geo.ns_count) ||
        (mode != CQC_MODE_WORKER && cfg->uri && !c->uri) ||
        (c->uri && cfg->tls_ca_file && !c->tls_ca_file) ||
        (c->uri && cfg->tls_ca_dir && !c->tls_ca_dir) ||
@@ -349,86 +349,39 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
 /* Reads and admissions                                                     */
 /* ======================================================================== */
 
-/* A lookup's copy, seen on its way to the caller's buffer: whether it is
- * the result an own miss admitted (floor.h, CQC_FLOOR_IF_OWN). */
-typedef struct {
-   cqc_alloc_fn alloc;
-   cqc_discard_fn discard;
-   void *ctx;
-   const uint8_t *buf;
-   size_t len;
-} seen_copy_t;
-
-static void *
-seen_alloc (void *ctx, size_t len)
-{
-   seen_copy_t *s = ctx;
-
-   s->len = len;
-   s->buf = s->alloc (s->ctx, len);
-   return (void *) s->buf;
-}
-
-static void
-seen_discard (void *ctx)
-{
-   seen_copy_t *s = ctx;
-
-   s->buf = NULL;
-   s->discard (s->ctx);
-}
-
-/* Look up under a floor that serves only the process's own result. */
-static bool
-lookup_own (cqc_cache_t *c, uint32_t ns_idx, uint64_t hash, const cqc_key_t *k, uint64_t own,
-            cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx, cqc_lookup_t *r)
-{
-   seen_copy_t s = {alloc, discard, ctx, NULL, 0};
-
-   *r = cqc_arena_r_lookup (&c->arena, ns_idx, hash, k->buf, k->len, seen_alloc, seen_discard, &s);
-   if (*r == CQC_LOOKUP_HIT) {
-      return cqc_floor_value_hash (s.buf, s.len, false) == own;
-   }
-   return *r == CQC_LOOKUP_NOT_FOUND && own == cqc_floor_value_hash (NULL, 0, true);
-}
-
 cqc_served_t
 cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
-                  const uint8_t *filter, uint32_t flen, cqc_alloc_fn alloc,
-                  cqc_discard_fn discard, void *ctx)
+                  cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
 {
-   bool stalled, behind;
+   bool stalled;
    cqc_lookup_t r;
-   uint64_t hash, own = 0;
-   int floor;
+   cqc_covered_t cov;
+   cqc_stamp_t stamp;
+   uint32_t cell;
 
    if (cqc_arena_r_db_state (&c->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
       c->unhealthy++;
       return CQC_SERVE_UNHEALTHY;
    }
-   /* The causal floor (floor.h), checked before the lookup: an entry found
-    * behind it may be older than what the process has seen and is not
-    * served; a miss still is one (its read goes to MongoDB and is
-    * admitted). */
-   hash = cqc_hash_bytes (k->buf, k->len, 0);
-   floor = cqc_floor_behind (&c->floor, &c->arena, ns_idx, db_idx, hash, filter, flen, &own);
-   if (floor == CQC_FLOOR_IF_OWN) {
-      behind = !lookup_own (c, ns_idx, hash, k, own, alloc, discard, ctx, &r);
-   } else {
-      behind = floor == CQC_FLOOR_BEHIND;
-      r = cqc_arena_r_lookup (&c->arena, ns_idx, hash, k->buf, k->len, alloc, discard, ctx);
-   }
+   /* What the stream has covered, loaded (acquire) before the lookup: the
+    * entry it then validates reflects every invalidation this covers. */
+   cqc_floor_covered (&c->arena, db_idx, &cov);
+   r = cqc_arena_r_lookup_stamped (&c->arena, ns_idx, cqc_hash_bytes (k->buf, k->len, 0), k->buf,
+                                   k->len, alloc, discard, ctx, &stamp, &cell);
    if (r == CQC_LOOKUP_MISS) {
       c->misses++;
       return CQC_SERVE_MISS;
    }
-   if (behind) {
+   /* The causal floor (floor.h): an entry that may be older than what the
+    * process has seen is not served. */
+   if (!cqc_floor_allows (&c->floor, db_idx, ns_idx, cell, &stamp, &cov)) {
       if (r == CQC_LOOKUP_HIT) {
          discard (ctx);
       }
       c->behind++;
       return CQC_SERVE_BEHIND;
    }
+   cqc_floor_served (&c->floor, &c->arena, db_idx, ns_idx, cell, &stamp, &cov);
    c->hits++;
    if (r == CQC_LOOKUP_NOT_FOUND) {
       c->not_found_hits++;
@@ -452,45 +405,31 @@ cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
 }
 
 /* A worker's admission: checked as the owner will check it, then pushed to
- * the ring. *key_hash is set when memo_floor asks for it. */
+ * the ring. */
 static int
-push_admission (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
-                uint64_t *key_hash)
+push_admission (cqc_cache_t *c, const cqc_admission_t *adm)
 {
-   cqc_key_t k;
-
    if (!cqc_admission_valid (&c->arena, adm)) {
       return CQC_ADMIT_INVALID;
    }
    switch (cqc_ring_push (&c->ring, adm->kind, adm->not_found, &adm->token, adm->filter,
                           adm->flen, adm->rest, adm->rlen, adm->value, adm->vlen)) {
    case CQC_RING_PUSHED:
-      break;
+      return CQC_ADMIT_QUEUED;
    case CQC_RING_TOO_LARGE:
       return CQC_ADMIT_TOO_LARGE;
    default:
       return CQC_ADMIT_DROPPED;
    }
-   if (memo_floor && cqc_admission_key (adm, &k) == CQC_KEY_OK) {
-      *key_hash = cqc_hash_bytes (k.buf, k.len, 0);
-      cqc_key_free (&k);
-   }
-   return CQC_ADMIT_QUEUED;
 }
 
 int
-cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
-                 uint64_t memo_epoch)
+cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm)
 {
    uint64_t key_hash = 0;
-   int r = c->mode == CQC_MODE_WORKER ? push_admission (c, adm, memo_floor, &key_hash)
-                                      : cqc_admit (&c->writer, adm, &key_hash);
 
-   if ((r == CQC_ADMIT_OK || r == CQC_ADMIT_QUEUED) && key_hash) {
-      cqc_floor_memo (&c->floor, adm->token.db_idx, key_hash, memo_floor, memo_epoch,
-                      cqc_floor_value_hash (adm->value, adm->vlen, adm->not_found));
-   }
-   return r;
+   return c->mode == CQC_MODE_WORKER ? push_admission (c, adm)
+                                     : cqc_admit (&c->writer, adm, &key_hash);
 }
 
 /* ======================================================================== */

@@ -117,8 +117,8 @@ typedef enum {
 /* Look a built key up (indexes in range); on a hit the value went to
  * alloc's buffer (cqc_arena_r_lookup). Counts the outcome. */
 cqc_served_t cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx,
-                               const cqc_key_t *k, const uint8_t *filter, uint32_t flen,
-                               cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx);
+                               const cqc_key_t *k, cqc_alloc_fn alloc, cqc_discard_fn discard,
+                               void *ctx);
 
 /* The admission token of a read of ns_idx with this filter; false when the
  * stream does not serve (the read then bypasses). */
@@ -129,13 +129,10 @@ bool cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *fi
 #define CQC_ADMIT_QUEUED 16  /* pushed to the ring; the owner admits it */
 #define CQC_ADMIT_DROPPED 17 /* the ring was full or damaged */
 
-/* Admit a miss's result: locally (cqc_admit), or through a worker's ring
- * after the same check (CQC_ADMIT_TOO_LARGE: the record could never fit the
- * ring). memo_floor (0: none) is the causal floor the read
- * stands for and memo_epoch the memo epoch it ended with (floor.h's own
- * misses). */
-int cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm, uint64_t memo_floor,
-                     uint64_t memo_epoch);
+/* Admit a miss's result, stamped (adm->token.stamp): locally (cqc_admit),
+ * or through a worker's ring after the same check (CQC_ADMIT_TOO_LARGE: the
+ * record could never fit the ring). */
+int cqc_cache_admit (cqc_cache_t *c, const cqc_admission_t *adm);
 
 typedef struct {
    const char *name;

@@ -8,15 +8,16 @@
 #include <string.h>
 
 bool
-cqc_floor_init (cqc_floor_t *f, uint32_t db_count)
+cqc_floor_init (cqc_floor_t *f, uint32_t db_count, uint32_t ns_count)
 {
-   *f = (cqc_floor_t){.db_count = db_count};
-   f->ts = calloc (db_count ? db_count : 1, sizeof *f->ts);
-   f->ns = calloc (db_count ? db_count : 1, sizeof *f->ns);
-   f->epoch = calloc (db_count ? db_count : 1, sizeof *f->epoch);
+   *f = (cqc_floor_t){.db_count = db_count, .ns_count = ns_count};
+   f->db = calloc (db_count ? db_count : 1, sizeof *f->db);
    f->held = calloc (db_count ? db_count : 1, sizeof *f->held);
-   f->memo = calloc (CQC_MEMO_BUCKETS * CQC_MEMO_WAYS, sizeof *f->memo);
-   if (!f->ts || !f->ns || !f->epoch || !f->held || !f->memo) {
+   f->ns = calloc (ns_count ? ns_count : 1, sizeof *f->ns);
+   f->ns_ids = calloc (ns_count ? ns_count : 1, sizeof *f->ns_ids);
+   f->ns_db = calloc (ns_count ? ns_count : 1, sizeof *f->ns_db);
+   f->cells = calloc (CQC_SEEN_BUCKETS * CQC_SEEN_WAYS, sizeof *f->cells);
+   if (!f->db || !f->held || !f->ns || !f->ns_ids || !f->ns_db || !f->cells) {
       cqc_floor_free (f);
       return false;
    }
@@ -26,33 +27,13 @@ cqc_floor_init (cqc_floor_t *f, uint32_t db_count)
 void
 cqc_floor_free (cqc_floor_t *f)
 {
-   free (f->ts);
-   free (f->ns);
-   free (f->epoch);
+   free (f->db);
    free (f->held);
-   free (f->memo);
-   f->ts = f->ns = f->epoch = NULL;
-   f->held = NULL;
-   f->memo = NULL;
-   f->db_count = 0;
-}
-
-void
-cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns,
-                   uint64_t epoch)
-{
-   if (db_idx >= f->db_count) {
-      return;
-   }
-   if (ts > f->ts[db_idx]) {
-      f->ts[db_idx] = ts;
-   }
-   if (ns > f->ns[db_idx]) {
-      f->ns[db_idx] = ns;
-   }
-   if (epoch > f->epoch[db_idx]) {
-      f->epoch[db_idx] = epoch;
-   }
+   free (f->ns);
+   free (f->ns_ids);
+   free (f->ns_db);
+   free (f->cells);
+   *f = (cqc_floor_t){0};
 }
 
 void
@@ -64,194 +45,208 @@ cqc_floor_hold (cqc_floor_t *f, uint32_t db_idx, bool held)
 }
 
 /* ======================================================================== */
-/* Own misses                                                               */
+/* One scope's observations                                                 */
 /* ======================================================================== */
 
-static bool
-memo_current (const cqc_floor_t *f, const cqc_memo_t *m)
+static inline uint64_t
+max64 (uint64_t a, uint64_t b)
 {
-   return m->used && m->db_idx < f->db_count && m->floor_ts == f->ts[m->db_idx] &&
-          m->epoch == f->epoch[m->db_idx];
+   return a > b ? a : b;
 }
 
-static bool
-memo_allows (const cqc_floor_t *f, uint32_t db_idx, uint64_t hash, uint64_t *value)
+static void
+seen_add (cqc_seen_t *s, uint64_t ts, uint64_t ns, uint64_t read_id)
 {
-   const cqc_memo_t *bucket = &f->memo[(hash % CQC_MEMO_BUCKETS) * CQC_MEMO_WAYS];
+   if (read_id && s->read_id == read_id) {
+      s->top_ns = max64 (s->top_ns, ns); /* another batch of the same read */
+      s->top_ts = max64 (s->top_ts, ts);
+   } else if (ns >= s->top_ns) {
+      s->rest_ns = max64 (s->rest_ns, s->top_ns); /* a newer read: the latest */
+      s->rest_ts = max64 (s->rest_ts, s->top_ts);
+      s->read_id = read_id;
+      s->top_ns = ns;
+      s->top_ts = ts;
+   } else {
+      s->rest_ns = max64 (s->rest_ns, ns); /* an older one */
+      s->rest_ts = max64 (s->rest_ts, ts);
+   }
+}
+
+static void
+seen_merge (cqc_seen_t *into, const cqc_seen_t *s)
+{
+   seen_add (into, s->top_ts, s->top_ns, s->read_id);
+   seen_add (into, s->rest_ts, s->rest_ns, 0);
+}
+
+/* Whether observations bounded by (ts, ns) are covered for an entry read as
+ * `stamp` (NULL: for any entry): floor.h's (a), (b) and (c). */
+static bool
+covered (const cqc_floor_t *f, const cqc_covered_t *cov, uint64_t ts, uint64_t ns,
+         const cqc_stamp_t *stamp)
+{
+   if (!ts && !ns) {
+      return true; /* nothing observed */
+   }
+   if (ts && cov->applied >= ts) {
+      return true;
+   }
+   if (!f->ordered || !ns) {
+      return false;
+   }
+   return cov->quiet >= ns ||
+          (stamp && (stamp->flags & CQC_STAMP_ORDERED) && stamp->start_ns >= ns);
+}
+
+/* Whether an entry read as `stamp` reflects every observation of `s`,
+ * dropping those the stream covers for every entry. */
+static bool
+seen_allows (const cqc_floor_t *f, cqc_seen_t *s, const cqc_stamp_t *stamp,
+             const cqc_covered_t *cov)
+{
+   uint64_t ns = max64 (s->top_ns, s->rest_ns), ts = max64 (s->top_ts, s->rest_ts);
+
+   if (covered (f, cov, ts, ns, NULL)) {
+      *s = (cqc_seen_t){0};
+      return true;
+   }
+   if (stamp->read_id && s->read_id == stamp->read_id) {
+      ns = s->rest_ns; /* (d): the latest read is the entry's own */
+      ts = s->rest_ts;
+   }
+   return covered (f, cov, ts, ns, stamp);
+}
+
+/* ======================================================================== */
+/* Identity cells                                                           */
+/* ======================================================================== */
+
+static cqc_cell_seen_t *
+cell_bucket (cqc_floor_t *f, uint32_t ns_idx, uint32_t cell)
+{
+   uint64_t h = ((uint64_t) ns_idx << 32 | cell) * 0x9e3779b97f4a7c15ull;
+
+   return &f->cells[(h >> 40) % CQC_SEEN_BUCKETS * CQC_SEEN_WAYS];
+}
+
+static cqc_cell_seen_t *
+cell_find (cqc_floor_t *f, uint32_t ns_idx, uint32_t cell)
+{
+   cqc_cell_seen_t *b = cell_bucket (f, ns_idx, cell);
    uint32_t w;
 
-   for (w = 0; w < CQC_MEMO_WAYS; w++) {
-      if (bucket[w].hash == hash && bucket[w].db_idx == db_idx && memo_current (f, &bucket[w])) {
-         *value = bucket[w].value;
-         return true;
+   for (w = 0; w < CQC_SEEN_WAYS; w++) {
+      if (b[w].used && b[w].ns_idx == ns_idx && b[w].cell == cell) {
+         return &b[w];
       }
    }
-   return false;
+   return NULL;
 }
 
-/* The high and low halves of a * b, folded. */
-static inline uint64_t
-mum (uint64_t a, uint64_t b)
+/* The cell's record, made if needed. A full bucket gives up a way: one the
+ * stream has covered, else the next in turn, whose observations then bind
+ * its whole namespace (never fewer entries than before). */
+static cqc_cell_seen_t *
+cell_make (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t cell)
 {
-   __uint128_t r = (__uint128_t) a * b;
-   return (uint64_t) r ^ (uint64_t) (r >> 64);
-}
+   cqc_cell_seen_t *b = cell_bucket (f, ns_idx, cell), *slot;
+   cqc_covered_t cov;
+   uint32_t w;
 
-/* A fingerprint of a value's bytes. It runs on every hit the memo serves
- * (cqc_cache_lookup, lookup_own), so 64-byte blocks go through four
- * independent lanes of one 64x64->128-bit multiply per 16 bytes, which the
- * CPU overlaps: about a fifth of one-lane cqc_hash_bytes's time on a 4 KiB
- * document. Process-private (floor.h), never stored in the arena. */
-uint64_t
-cqc_floor_value_hash (const uint8_t *value, size_t len, bool not_found)
-{
-   static const uint64_t k[4] = {0xa0761d6478bd642full, 0xe7037ed1a0b428dbull,
-                                 0x8ebc6af09c88c6e3ull, 0x589965cc75374cc3ull};
-   uint64_t lane[4] = {k[1], k[2], k[3], k[0]};
-   uint64_t w[8];
-   int i;
-
-   if (not_found) {
-      return 0;
+   if ((slot = cell_find (f, ns_idx, cell))) {
+      return slot;
    }
-   for (; len >= sizeof w; value += sizeof w, len -= sizeof w) {
-      memcpy (w, value, sizeof w);
-      for (i = 0; i < 4; i++) {
-         lane[i] += mum (w[2 * i] ^ lane[i], w[2 * i + 1] ^ k[i]);
+   for (w = 0; w < CQC_SEEN_WAYS; w++) {
+      if (!b[w].used) {
+         goto found;
       }
    }
-   return cqc_hash_bytes (lane, sizeof lane, cqc_hash_bytes (value, len, 0x6d656d6fu)) | 1u;
+   for (w = 0; w < CQC_SEEN_WAYS; w++) {
+      const cqc_seen_t *s = &b[w].seen;
+      uint32_t db = f->ns_db[b[w].ns_idx] - 1;
+
+      cqc_floor_covered (a, db, &cov);
+      if (db < f->db_count &&
+          covered (f, &cov, max64 (s->top_ts, s->rest_ts), max64 (s->top_ns, s->rest_ns), NULL)) {
+         goto found;
+      }
+   }
+   w = f->cell_next++ % CQC_SEEN_WAYS;
+   seen_merge (&f->ns[b[w].ns_idx], &b[w].seen);
+found:
+   b[w] = (cqc_cell_seen_t){.ns_idx = ns_idx, .cell = cell, .used = 1};
+   return &b[w];
+}
+
+/* ======================================================================== */
+/* Observations and the check                                               */
+/* ======================================================================== */
+
+void
+cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
+                   uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns, uint64_t read_id)
+{
+   if (db_idx >= f->db_count) {
+      return;
+   }
+   if (scope != CQC_SCOPE_DB && ns_idx < f->ns_count) {
+      f->ns_db[ns_idx] = db_idx + 1;
+      if (scope == CQC_SCOPE_CELL && cell != CQC_NO_CELL) {
+         seen_add (&cell_make (f, a, ns_idx, cell)->seen, ts, ns, read_id);
+         seen_add (&f->ns_ids[ns_idx], ts, ns, read_id);
+      } else {
+         seen_add (&f->ns[ns_idx], ts, ns, read_id);
+      }
+      return;
+   }
+   seen_add (&f->db[db_idx], ts, ns, read_id);
 }
 
 void
-cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts,
-                uint64_t epoch, uint64_t value)
+cqc_floor_covered (const cqc_arena_t *a, uint32_t db_idx, cqc_covered_t *cov)
 {
-   cqc_memo_t *bucket, *slot = NULL;
-   uint32_t w;
-
-   if (!floor_ts || db_idx >= f->db_count) {
-      return;
-   }
-   bucket = &f->memo[(key_hash % CQC_MEMO_BUCKETS) * CQC_MEMO_WAYS];
-   for (w = 0; w < CQC_MEMO_WAYS && !slot; w++) {
-      if (bucket[w].hash == key_hash && bucket[w].db_idx == db_idx) {
-         slot = &bucket[w]; /* the same key again */
-      }
-   }
-   for (w = 0; w < CQC_MEMO_WAYS && !slot; w++) {
-      if (!memo_current (f, &bucket[w])) {
-         slot = &bucket[w];
-      }
-   }
-   if (!slot) {
-      slot = &bucket[f->memo_next++ % CQC_MEMO_WAYS];
-   }
-   *slot = (cqc_memo_t){key_hash, floor_ts, epoch, value, db_idx, 1};
-}
-
-/* ======================================================================== */
-/* One-document writes                                                      */
-/* ======================================================================== */
-
-static bool
-pending_applied (const cqc_pending_t *p, uint64_t applied, uint64_t quiet)
-{
-   return applied >= p->ts || (p->quiet && quiet >= p->quiet);
+   cov->applied = cqc_arena_r_applied (a, db_idx);
+   cov->quiet = cqc_arena_r_quiet (a, db_idx);
 }
 
 bool
-cqc_floor_observe_id (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
-                      const uint8_t *filter, uint32_t flen, uint64_t ts, uint64_t ns)
+cqc_floor_covers (const cqc_floor_t *f, const cqc_covered_t *cov, uint64_t ts, uint64_t ns)
 {
-   uint64_t id_hash;
-   uint32_t i;
+   return covered (f, cov, ts, ns, NULL);
+}
 
-   if (db_idx >= f->db_count || !cqc_filter_identity (filter, flen, &id_hash)) {
+bool
+cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cell,
+                  const cqc_stamp_t *stamp, const cqc_covered_t *cov)
+{
+   if (db_idx >= f->db_count || ns_idx >= f->ns_count || f->held[db_idx]) {
       return false;
    }
-   for (i = 0; i < CQC_PENDING_MAX; i++) {
-      cqc_pending_t *p = &f->pending[i];
-      if (p->used && pending_applied (p, cqc_arena_r_applied (a, p->db_idx),
-                                      cqc_arena_r_quiet (a, p->db_idx))) {
-         p->used = 0;
-         f->pending_used--;
-      }
-      if (!p->used) {
-         *p = (cqc_pending_t){ts, ns, db_idx, ns_idx,
-                              cqc_id_cell (id_hash, ns_idx, a->geo.idgen_count), 1};
-         f->pending_used++;
-         return true;
-      }
+   if (!seen_allows (f, &f->db[db_idx], stamp, cov) ||
+       !seen_allows (f, &f->ns[ns_idx], stamp, cov)) {
+      return false;
    }
-   return false;
+   if (cell == CQC_NO_CELL) {
+      return seen_allows (f, &f->ns_ids[ns_idx], stamp, cov);
+   }
+   cqc_cell_seen_t *c = cell_find (f, ns_idx, cell);
+   if (c && !seen_allows (f, &c->seen, stamp, cov)) {
+      return false;
+   }
+   if (c && !c->seen.top_ns && !c->seen.top_ts && !c->seen.rest_ns && !c->seen.rest_ts) {
+      c->used = 0; /* covered for good */
+   }
+   return true;
 }
 
-/* Whether a pending write may make the entry of this lookup (namespace,
- * filter) older than what the process wrote. Frees the pending writes of
- * the database that the stream has applied. */
-static bool
-pending_blocks (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
-                const uint8_t *filter, uint32_t flen)
+void
+cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
+                  uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov)
 {
-   uint64_t applied = 0, quiet = 0, id_hash;
-   bool loaded = false, classified = false, identity = false;
-   uint32_t cell = CQC_NO_CELL, i;
-
-   for (i = 0; i < CQC_PENDING_MAX && f->pending_used; i++) {
-      cqc_pending_t *p = &f->pending[i];
-      if (!p->used || p->db_idx != db_idx) {
-         continue;
-      }
-      if (!loaded) {
-         applied = cqc_arena_r_applied (a, db_idx);
-         quiet = cqc_arena_r_quiet (a, db_idx);
-         loaded = true;
-      }
-      if (pending_applied (p, applied, quiet)) {
-         p->used = 0; /* the entries reflect it */
-         f->pending_used--;
-         continue;
-      }
-      if (p->ns_idx != ns_idx) {
-         continue;
-      }
-      if (!classified) {
-         identity = cqc_filter_identity (filter, flen, &id_hash);
-         if (identity) {
-            cell = cqc_id_cell (id_hash, ns_idx, a->geo.idgen_count);
-         }
-         classified = true;
-      }
-      if (!identity || cell == p->cell) {
-         return true;
-      }
+   if (covered (f, cov, stamp->end_ts, stamp->end_ns, NULL)) {
+      return; /* what it read, the stream has applied (or it has no stamp) */
    }
-   return false;
-}
-
-/* ======================================================================== */
-/* The check                                                                */
-/* ======================================================================== */
-
-int
-cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
-                  uint64_t key_hash, const uint8_t *filter, uint32_t flen, uint64_t *value)
-{
-   int verdict = CQC_FLOOR_SERVE;
-
-   if (db_idx >= f->db_count || f->held[db_idx]) {
-      return CQC_FLOOR_BEHIND;
-   }
-   if (cqc_arena_r_applied (a, db_idx) < f->ts[db_idx] &&
-       (!f->ns[db_idx] || cqc_arena_r_quiet (a, db_idx) < f->ns[db_idx])) {
-      if (!memo_allows (f, db_idx, key_hash, value)) {
-         return CQC_FLOOR_BEHIND;
-      }
-      verdict = CQC_FLOOR_IF_OWN;
-   }
-   if (f->pending_used && pending_blocks (f, a, ns_idx, db_idx, filter, flen)) {
-      return CQC_FLOOR_BEHIND;
-   }
-   return verdict;
+   cqc_floor_observe (f, a, cell == CQC_NO_CELL ? CQC_SCOPE_NS : CQC_SCOPE_CELL, db_idx,
+                      ns_idx, cell, stamp->end_ts ? stamp->end_ts : 1, stamp->end_ns,
+                      stamp->read_id);
 }

@@ -1,41 +1,43 @@
 /*
  * floor.h - the causal floor: what a process may be served, given what it
- * has already read and written (DESIGN.md, rule 7).
+ * has already read and written (DESIGN.md, rule 7; docs/consistency.md
+ * states the rule and its proof).
  *
- * Kept per process and per database, in two parts (cqc_floor_observe): the
- * highest cluster time the process has observed from the database, and, on
- * a deployment of one member, the CLOCK_MONOTONIC time it observed it at (0
- * elsewhere). An entry found by a lookup is served only once the database's
- * applied time (cqc_db_t.applied_ts) has reached the first, or a stream
- * round that began after the second came back empty (cqc_db_t.quiet_ns); so
- * a process never reads a version older than one it has already been
- * given. Floors are raised, never lowered.
+ * Observations. Everything the process learns from MongoDB through a view
+ * is an observation: a miss's read (each batch of it), a bypass, a write,
+ * a command a CausalListener reports, and a hit (of what the entry's read
+ * saw). Each has a scope, the entries whose result it may contradict:
+ *   - an identity cell of a namespace (a read or a write of {"_id": v}, a
+ *     hit of an identity entry): that cell's identity entries, and every
+ *     entry of the namespace that is not an identity entry;
+ *   - a namespace (any other read or write of it): all its entries;
+ *   - a database (a command whose namespace is not known, a transaction's
+ *     commit, a pipeline writing into it): all its entries.
+ * and three bounds: the read's id, CLOCK_MONOTONIC after its reply (`ns`),
+ * and the client's cluster time after it (`ts`), both at or after the
+ * snapshot it read.
  *
- * Two refinements keep the floor from refusing what it need not:
- *  - Own misses (the memo). On a deployment of one member, a miss whose own
- *    read is the newest thing the process observed from its database
- *    reflects everything the process has seen there: its entry may be
- *    served before the stream catches up. MEMO_WAYS entries per bucket,
- *    matched by the key's 64-bit hash, and only for the very result the
- *    miss admitted (a hash of its bytes; in a shared cache the entry under
- *    the key may be another worker's admission of an older read, admitted
- *    while this one waited in its ring). An entry stands while its
- *    database's floor and memo epoch are the ones its miss ended with. The caller
- *    moves the epoch on when it observes something of an operation that
- *    overlapped another: that operation may have returned something newer
- *    than a miss that ended meanwhile (its reply may even be what raised
- *    the floor the miss ended with).
- *  - One-document writes (pending). A write through a view to one document
- *    ({"_id": v}) tells the process nothing about other documents: instead
- *    of the database's floor it holds back only the entries that may depend
- *    on that document (its identity cell's, and every entry of its
- *    namespace that is not an identity entry) until the stream has applied
- *    it. Up to CQC_PENDING_MAX at once; beyond, the caller raises the floor.
- *  - Transactions (held). A write through a view inside a transaction has
- *    no cluster time of its own: it becomes visible at the commit, which the
- *    views do not see. Until the caller finds the transaction ended, every
- *    entry of the database is refused (cqc_floor_hold); then it raises the
- *    database's floor past the commit.
+ * The rule. An entry found by a lookup is served only if, for every
+ * observation O in a scope of the entry, one of these holds:
+ *   (a) the database's applied time (cqc_db_t.applied_ts) has reached O's
+ *       ts: every write O could have seen has been applied, and the entry,
+ *       still valid, reflects them;
+ *   (b) on a deployment of one member (f->ordered): a stream round that
+ *       began after O's ns came back empty (cqc_db_t.quiet_ns): every write
+ *       committed before O's reply is applied;
+ *   (c) on a deployment of one member: the entry's read began after O's
+ *       reply (stamp.start_ns >= O's ns): its snapshot is at least O's;
+ *   (d) O is a batch of the entry's own read (same read id): the entry holds
+ *       what that read returned.
+ * So the process never reads a version older than one it has already been
+ * given. Per scope the observations are folded into a cqc_seen_t: the
+ * latest read's bounds and the highest of all other reads' (which (d)
+ * needs), raised, never lowered, except when (a) or (b) covers all of them.
+ *
+ * Transactions (held). A write through a view inside a transaction becomes
+ * visible at the commit, which the views do not see: until the caller finds
+ * the transaction ended, every entry of the database is refused
+ * (cqc_floor_hold); then it observes the database.
  *
  * Process-private memory, changed and read by one thread at a time (the
  * binding holds the GIL). The arena is read through cqc_arena_r_* only.
@@ -48,81 +50,82 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define CQC_MEMO_BUCKETS 1024u
-#define CQC_MEMO_WAYS 8u
-#define CQC_PENDING_MAX 64u
+#define CQC_SEEN_BUCKETS 512u
+#define CQC_SEEN_WAYS 8u
 
+/* The observations of one scope, folded. */
 typedef struct {
-   uint64_t hash;
-   uint64_t floor_ts;
-   uint64_t epoch; /* the memo epoch its miss ended with */
-   uint64_t value; /* cqc_floor_value_hash of the result it admitted */
-   uint32_t db_idx;
-   uint32_t used;
-} cqc_memo_t;
+   uint64_t read_id; /* the latest observation's read (0: none) */
+   uint64_t top_ns;  /* its bounds (and of every earlier batch of that read) */
+   uint64_t top_ts;
+   uint64_t rest_ns; /* the highest bounds of every other read's */
+   uint64_t rest_ts;
+} cqc_seen_t;
 
+/* An identity cell's observations. */
 typedef struct {
-   uint64_t ts;    /* the write's cluster time (the client's, after it) */
-   uint64_t quiet; /* CLOCK_MONOTONIC after it, one-member proof (0: none) */
-   uint32_t db_idx;
    uint32_t ns_idx;
-   uint32_t cell; /* the document's identity cell */
+   uint32_t cell;
    uint32_t used;
-} cqc_pending_t;
+   uint32_t pad_;
+   cqc_seen_t seen;
+} cqc_cell_seen_t;
 
 typedef struct {
    uint32_t db_count;
-   uint64_t *ts; /* by db_idx */
-   uint64_t *ns; /* by db_idx */
-   uint64_t *epoch; /* by db_idx: the highest memo epoch told */
-   uint8_t *held;   /* by db_idx: a transaction wrote there (cqc_floor_hold) */
-   cqc_memo_t *memo; /* CQC_MEMO_BUCKETS * CQC_MEMO_WAYS */
-   uint32_t memo_next; /* the way replaced when a bucket has none free */
-   uint32_t pending_used;
-   cqc_pending_t pending[CQC_PENDING_MAX];
+   uint32_t ns_count;
+   bool ordered;      /* the deployment has one member: (b) and (c) apply */
+   cqc_seen_t *db;    /* by db_idx */
+   cqc_seen_t *ns;    /* by ns_idx: observations of the whole namespace */
+   cqc_seen_t *ns_ids; /* by ns_idx: every identity observation of it */
+   uint32_t *ns_db;   /* by ns_idx: its db_idx (+1; 0: not seen yet) */
+   uint8_t *held;     /* by db_idx: a transaction wrote there */
+   cqc_cell_seen_t *cells; /* CQC_SEEN_BUCKETS * CQC_SEEN_WAYS */
+   uint32_t cell_next; /* the way replaced when a bucket has none free */
 } cqc_floor_t;
 
-/* Allocate the floors of db_count databases, all zero. */
-bool cqc_floor_init (cqc_floor_t *f, uint32_t db_count);
+/* Scopes of cqc_floor_observe. */
+#define CQC_SCOPE_DB 0
+#define CQC_SCOPE_NS 1
+#define CQC_SCOPE_CELL 2
+
+/* Allocate the floors of an arena's geometry, all empty. */
+bool cqc_floor_init (cqc_floor_t *f, uint32_t db_count, uint32_t ns_count);
 void cqc_floor_free (cqc_floor_t *f);
 
-/* Raise the database's floor to cluster time `ts` ((seconds << 32) |
- * increment) observed at `ns` (0: no one-member proof), and its memo epoch
- * to `epoch` (the caller's count; see the memo above). */
-void cqc_floor_observe (cqc_floor_t *f, uint32_t db_idx, uint64_t ts, uint64_t ns,
-                        uint64_t epoch);
+/* Record an observation (see above): of a database, a namespace (ns_idx),
+ * or an identity cell of it (cell). `ts` must not be 0. */
+void cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
+                        uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
+                        uint64_t read_id);
 
 /* Refuse every entry of the database (held) or stop refusing them: a
  * transaction of this process wrote there and has not ended. */
 void cqc_floor_hold (cqc_floor_t *f, uint32_t db_idx, bool held);
 
-/* Record a write of this process to the one document {"_id": v} of ns_idx
- * (`filter`). False when the filter is not an identity filter or no slot
- * is free: the caller then raises the database's floor instead. */
-bool cqc_floor_observe_id (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx,
-                           uint32_t ns_idx, const uint8_t *filter, uint32_t flen, uint64_t ts,
-                           uint64_t ns);
+/* What a database's stream has covered, as a reader loads it (acquire)
+ * before its lookup: the entry validated after it reflects every
+ * invalidation these cover. */
+typedef struct {
+   uint64_t applied;
+   uint64_t quiet;
+} cqc_covered_t;
 
-/* Whether an entry found under this key (hash, namespace, filter) may be
- * older than what the process has observed, and so must not be served:
- * CQC_FLOOR_SERVE, CQC_FLOOR_BEHIND, or CQC_FLOOR_IF_OWN: served only if it
- * is the result the process's own miss admitted, whose
- * cqc_floor_value_hash is then in *value. Reads the database's applied and
- * quiet times (acquire): the lookup made after this call sees every
- * invalidation they cover. */
-#define CQC_FLOOR_SERVE 0
-#define CQC_FLOOR_BEHIND 1
-#define CQC_FLOOR_IF_OWN 2
-int cqc_floor_behind (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t db_idx,
-                      uint64_t key_hash, const uint8_t *filter, uint32_t flen, uint64_t *value);
+void cqc_floor_covered (const cqc_arena_t *a, uint32_t db_idx, cqc_covered_t *cov);
 
-/* The hash a memo keeps of a result: of its bytes, or 0 for "not found". */
-uint64_t cqc_floor_value_hash (const uint8_t *value, size_t len, bool not_found);
+/* Whether the rule above lets the process be served an entry of ns_idx
+ * (identity cell `cell`, or CQC_NO_CELL) read as `stamp`, with `cov`
+ * loaded before the lookup that found it. */
+bool cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cell,
+                       const cqc_stamp_t *stamp, const cqc_covered_t *cov);
 
-/* Remember a key this process's own miss admitted, with the database floor
- * its read stands for (0: none; see the memo above), the memo epoch it
- * ended with, and the cqc_floor_value_hash of what it admitted. */
-void cqc_floor_memo (cqc_floor_t *f, uint32_t db_idx, uint64_t key_hash, uint64_t floor_ts,
-                     uint64_t epoch, uint64_t value);
+/* A hit of that entry was served: observe what its read saw (nothing to
+ * record when cov already covers it). */
+void cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
+                       uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov);
+
+/* Whether an observation bounded by (ts, ns), e.g. an after() token taken
+ * at ns, is covered by the database's stream as cov says. */
+bool cqc_floor_covers (const cqc_floor_t *f, const cqc_covered_t *cov, uint64_t ts, uint64_t ns);
 
 #endif

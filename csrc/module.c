@@ -41,12 +41,12 @@ on_fork_child (void)
    g_fork_gen++;
 }
 
-/* Nonzero once an after() block was entered in this process (causal.py):
- * from then on the fast path takes no read, so every read takes the path
- * that checks its context's token (a task created inside a block carries
- * the token after the block has closed). Changed and read with the GIL
- * held. */
-static long g_after_blocks;
+/* The context variable of after() tokens (causal.py), once a block was
+ * entered in this process (NULL before): from then on the fast path reads
+ * it on every read, as a task created inside a block carries the token
+ * after the block has closed, and leaves a read whose token the stream does
+ * not cover to the path that bypasses. Set and read with the GIL held. */
+static PyObject *g_after_var;
 
 typedef struct {
    PyObject_HEAD
@@ -346,8 +346,8 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
       return NULL;
    }
    cqc_hit_begin (&hit, decode, codec_options);
-   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, filter, flen, cqc_hit_alloc,
-                              cqc_hit_discard, &hit);
+   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, cqc_hit_alloc, cqc_hit_discard,
+                              &hit);
    cqc_key_free (&k);
    if (served != CQC_SERVE_HIT) {
       PyObject *answer[] = {[CQC_SERVE_NOT_FOUND] = Py_None, [CQC_SERVE_MISS] = g_miss,
@@ -355,6 +355,32 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
       return Py_NewRef (answer[served]);
    }
    return cqc_hit_finish (&hit);
+}
+
+/* Whether the after() token of the current context (g_after_var's value:
+ * (cluster time, monotonic ns), or (0, 0) outside any block) is covered by
+ * the database's stream: 1, 0, or -1 with an exception. */
+static int
+after_covers (CacheObject *cache, uint32_t db_idx)
+{
+   PyObject *tok = PyObject_CallMethod (g_after_var, "get", NULL);
+   unsigned long long ts = 0, ns = 0;
+   cqc_covered_t cov;
+   int ok;
+
+   if (!tok) {
+      return -1;
+   }
+   ok = PyArg_ParseTuple (tok, "KK", &ts, &ns);
+   Py_DECREF (tok);
+   if (!ok) {
+      return -1;
+   }
+   if (!ts) {
+      return 1;
+   }
+   cqc_floor_covered (&cache->c.arena, db_idx, &cov);
+   return cqc_floor_covers (&cache->c.floor, &cov, ts, ns) ? 1 : 0;
 }
 
 /* {"_id": v} for the values the fast path takes (keys.h): the BSON length,
@@ -419,6 +445,75 @@ Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    return res;
 }
 
+/* A private copy for peek: malloc'd, freed by the caller. */
+typedef struct {
+   uint8_t *buf;
+   size_t len;
+} peek_copy_t;
+
+static void *
+peek_alloc (void *ctx, size_t len)
+{
+   peek_copy_t *p = ctx;
+
+   p->len = len;
+   return p->buf = malloc (len ? len : 1);
+}
+
+static void
+peek_discard (void *ctx)
+{
+   peek_copy_t *p = ctx;
+
+   free (p->buf);
+   p->buf = NULL;
+}
+
+/* peek(ns_idx, kind, filter_bson, rest) -> (value, end_ns, end_ts, read_id)
+ * of the valid entry under the key whatever the causal floor says (value:
+ * its bytes, None for a cached "not found"), or None: what a read the floor
+ * refused would have been served (floor.h; its miss compares its result
+ * with it). Counts nothing. */
+static PyObject *
+Cache_peek (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t ns_idx, kind, cell;
+   Py_buffer b[2] = {{0}}; /* filter, rest */
+   PyObject *res = NULL;
+   cqc_key_t k;
+   cqc_stamp_t stamp;
+   peek_copy_t copy = {NULL, 0};
+   cqc_lookup_t r;
+
+   if (!check_args (nargs, 4, 4, "peek") || !check_usable (self, USE_READS) ||
+       !PARSE_NS (args[0], &ns_idx) || !parse_idx (args[1], &kind, 256, "kind")) {
+      return NULL;
+   }
+   if (!get_buffer (args[2], &b[0], "filter") || !get_buffer (args[3], &b[1], "rest") ||
+       !set_key_error (cqc_key_build (&k, (uint8_t) kind, ns_idx, b[0].buf, (uint32_t) b[0].len,
+                                      b[1].buf, (uint32_t) b[1].len))) {
+      goto cleanup;
+   }
+   r = cqc_arena_r_lookup_stamped (&self->c.arena, ns_idx, cqc_hash_bytes (k.buf, k.len, 0), k.buf,
+                                   k.len, peek_alloc, peek_discard, &copy, &stamp, &cell);
+   cqc_key_free (&k);
+   if (r == CQC_LOOKUP_MISS || (r == CQC_LOOKUP_HIT && !copy.buf)) {
+      res = Py_NewRef (Py_None);
+   } else {
+      PyObject *value = r == CQC_LOOKUP_HIT
+                           ? PyBytes_FromStringAndSize ((const char *) copy.buf, (Py_ssize_t) copy.len)
+                           : Py_NewRef (Py_None);
+      if (value) {
+         res = Py_BuildValue ("(NKKK)", value, (unsigned long long) stamp.end_ns,
+                              (unsigned long long) stamp.end_ts, (unsigned long long) stamp.read_id);
+      }
+   }
+   free (copy.buf);
+cleanup:
+   release_buffers (b, 2);
+   return res;
+}
+
 /* capture(ns_idx, filter_bson) -> token bytes, or None if the stream does
  * not serve (the caller then bypasses). */
 static PyObject *
@@ -439,25 +534,27 @@ Cache_capture (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                   : Py_NewRef (Py_None);
 }
 
-/* admit(token, kind, filter_bson, rest, value_or_None, memo_floor, memo_epoch)
- * -> result code; kind may carry CQC_KIND_REBIND (the constant KIND_REBIND).
- * memo_floor, memo_epoch: the causal floor and memo epoch a miss that
- * observed nothing else stands for (0: none; floor.h's own misses). */
+/* admit(token, kind, filter_bson, rest, value_or_None, start_ns, end_ns,
+ * end_ts, read_id, ordered) -> result code; kind may carry CQC_KIND_REBIND
+ * (the constant KIND_REBIND). The rest is the read's stamp (arena.h). */
 static PyObject *
 Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-   uint64_t memo_floor, memo_epoch;
+   cqc_stamp_t stamp = {0};
+   int ordered;
    uint32_t kind;
    Py_buffer b[4] = {{0}}; /* token, filter, rest, value */
    cqc_admission_t adm;
    PyObject *res = NULL;
    int r;
 
-   if (!check_args (nargs, 7, 7, "admit") || !check_usable (self, USE_READS) ||
-       !parse_idx (args[1], &kind, 256, "kind") || !parse_u64 (args[5], &memo_floor) ||
-       !parse_u64 (args[6], &memo_epoch)) {
+   if (!check_args (nargs, 10, 10, "admit") || !check_usable (self, USE_READS) ||
+       !parse_idx (args[1], &kind, 256, "kind") || !parse_u64 (args[5], &stamp.start_ns) ||
+       !parse_u64 (args[6], &stamp.end_ns) || !parse_u64 (args[7], &stamp.end_ts) ||
+       !parse_u64 (args[8], &stamp.read_id) || (ordered = PyObject_IsTrue (args[9])) < 0) {
       return NULL;
    }
+   stamp.flags = ordered ? CQC_STAMP_ORDERED : 0;
    if (!get_buffer (args[0], &b[0], "token") || !get_buffer (args[2], &b[1], "filter") ||
        !get_buffer (args[3], &b[2], "rest") ||
        (args[4] != Py_None && !get_buffer (args[4], &b[3], "value"))) {
@@ -471,7 +568,8 @@ Cache_admit (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
                            b[1].buf,            (uint32_t) b[1].len, b[2].buf,
                            (uint32_t) b[2].len, b[3].buf,            (uint32_t) b[3].len};
    memcpy (&adm.token, b[0].buf, sizeof adm.token);
-   r = cqc_cache_admit (&self->c, &adm, memo_floor, memo_epoch);
+   adm.token.stamp = stamp;
+   r = cqc_cache_admit (&self->c, &adm);
    if (r == CQC_ADMIT_INVALID) {
       PyErr_SetString (PyExc_ValueError, "invalid token: not one of this arena for this filter");
    } else if (r == CQC_ADMIT_NO_MEMORY) {
@@ -509,46 +607,75 @@ Cache_register (CacheObject *self, PyObject *args)
    return Py_BuildValue ("(II)", ns_idx, db_idx);
 }
 
-/* observe(db_idx, cluster_time, monotonic_ns, memo_epoch): raise the
- * database's causal floor (floor.h) to the cluster time of something this
- * process read or wrote, seen at monotonic_ns (0: no one-member proof), and
- * its memo epoch (floor.h's own misses). */
+/* observe(scope, db_idx, ns_idx, filter_or_None, cluster_time, monotonic_ns,
+ * read_id): an observation (floor.h) of a database (SCOPE_DB), a namespace
+ * (SCOPE_NS), or the identity cell of the filter {"_id": v} (SCOPE_CELL;
+ * the namespace for any other filter), bounded by the client's cluster time
+ * and CLOCK_MONOTONIC after its reply. */
 static PyObject *
 Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-   uint32_t db_idx;
-   uint64_t ts, ns, epoch;
+   uint32_t scope, db_idx, ns_idx, cell = CQC_NO_CELL;
+   uint64_t ts, ns, read_id, id_hash;
+   Py_buffer fb = {0};
 
-   if (!check_args (nargs, 4, 4, "observe") || !check_usable (self, USE) ||
-       !PARSE_DB (args[0], &db_idx) || !parse_u64 (args[1], &ts) || !parse_u64 (args[2], &ns) ||
-       !parse_u64 (args[3], &epoch)) {
+   if (!check_args (nargs, 7, 7, "observe") || !check_usable (self, USE) ||
+       !parse_idx (args[0], &scope, 3, "scope") || !PARSE_DB (args[1], &db_idx) ||
+       !PARSE_NS (args[2], &ns_idx) || !parse_u64 (args[4], &ts) || !parse_u64 (args[5], &ns) ||
+       !parse_u64 (args[6], &read_id)) {
       return NULL;
    }
-   cqc_floor_observe (&self->c.floor, db_idx, ts, ns, epoch);
+   if (scope == CQC_SCOPE_CELL) {
+      if (args[3] == Py_None || !get_buffer (args[3], &fb, "filter")) {
+         if (args[3] != Py_None) {
+            return NULL;
+         }
+         scope = CQC_SCOPE_NS;
+      } else {
+         if (cqc_filter_identity (fb.buf, (uint32_t) fb.len, &id_hash)) {
+            cell = cqc_id_cell (id_hash, ns_idx, self->c.arena.geo.idgen_count);
+         } else {
+            scope = CQC_SCOPE_NS;
+         }
+         PyBuffer_Release (&fb);
+      }
+   }
+   cqc_floor_observe (&self->c.floor, &self->c.arena, (int) scope, db_idx, ns_idx, cell,
+                      ts ? ts : 1, ns, read_id);
    Py_RETURN_NONE;
 }
 
-/* observe_id(db_idx, ns_idx, filter_bson, cluster_time, monotonic_ns) ->
- * bool: this process wrote the one document {"_id": v} of the namespace
- * (cqc_floor_observe_id). False: the caller raises the database's floor. */
+/* set_ordered(ordered): the deployment is known to have one member, where
+ * a read that began after another ended read at least what it read
+ * (floor.h (b) and (c)). */
 static PyObject *
-Cache_observe_id (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+Cache_set_ordered (CacheObject *self, PyObject *arg)
 {
-   uint32_t db_idx, ns_idx;
-   uint64_t ts, ns;
-   Py_buffer fb = {0};
-   bool pending;
+   int ordered = PyObject_IsTrue (arg);
 
-   if (!check_args (nargs, 5, 5, "observe_id") || !check_usable (self, USE) ||
-       !PARSE_DB (args[0], &db_idx) || !PARSE_NS (args[1], &ns_idx) ||
-       !parse_u64 (args[3], &ts) || !parse_u64 (args[4], &ns) ||
-       !get_buffer (args[2], &fb, "filter")) {
+   if (ordered < 0 || !check_usable (self, USE)) {
       return NULL;
    }
-   pending = cqc_floor_observe_id (&self->c.floor, &self->c.arena, db_idx, ns_idx, fb.buf,
-                                   (uint32_t) fb.len, ts, ns);
-   PyBuffer_Release (&fb);
-   return PyBool_FromLong (pending);
+   self->c.floor.ordered = ordered != 0;
+   Py_RETURN_NONE;
+}
+
+/* covers(db_idx, cluster_time, monotonic_ns) -> bool: whether the
+ * database's stream has applied everything an observation so bounded (an
+ * after() token entered at monotonic_ns) could have seen. */
+static PyObject *
+Cache_covers (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t db_idx;
+   uint64_t ts, ns;
+   cqc_covered_t cov;
+
+   if (!check_args (nargs, 3, 3, "covers") || !check_usable (self, USE) ||
+       !PARSE_DB (args[0], &db_idx) || !parse_u64 (args[1], &ts) || !parse_u64 (args[2], &ns)) {
+      return NULL;
+   }
+   cqc_floor_covered (&self->c.arena, db_idx, &cov);
+   return PyBool_FromLong (cqc_floor_covers (&self->c.floor, &cov, ts, ns));
 }
 
 /* hold(db_idx, held): refuse every entry of the database while a
@@ -718,9 +845,13 @@ static PyMethodDef Cache_methods[] = {
    CTOR (worker, "A shared cache's worker: the owner's arena read-only, admits via a ring."),
    FASTCALL (lookup, "lookup(ns_idx, db_idx, kind, filter, rest, codec_options[, decode])."),
    FASTCALL (capture, "capture(ns_idx, filter) -> token, or None: the stream does not serve."),
-   FASTCALL (admit, "admit(token, kind, filter, rest, value_or_None, memo_floor, memo_epoch)."),
-   FASTCALL (observe, "observe(db_idx, cluster_time, monotonic_ns, memo_epoch): the floor."),
-   FASTCALL (observe_id, "observe_id(db_idx, ns_idx, filter, cluster_time, monotonic_ns)."),
+   FASTCALL (admit, "admit(token, kind, filter, rest, value_or_None, start_ns, end_ns, end_ts, "
+                    "read_id, ordered)."),
+   FASTCALL (observe, "observe(scope, db_idx, ns_idx, filter_or_None, cluster_time, monotonic_ns, "
+                      "read_id): the floor."),
+   FASTCALL (covers, "covers(db_idx, cluster_time, monotonic_ns) -> bool."),
+   FASTCALL (peek, "peek(ns_idx, kind, filter, rest) -> (value, end_ns, end_ts, read_id) or None."),
+   METHOD (set_ordered, METH_O, "set_ordered(ordered): the deployment has one member."),
    FASTCALL (hold, "hold(db_idx, held): refuse the database's entries (a transaction)."),
    METHOD (register, METH_VARARGS, "register(db, coll) -> (ns_idx, db_idx)."),
    METHOD (db_state, METH_O, "db_state(db_idx) -> (state, stalled, applied time)."),
@@ -844,8 +975,17 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
    if ((flen = id_filter (cache, v, key, sizeof key)) < 0) {
       goto fail;
    }
-   if (flen == 0 || g_after_blocks) {
-      goto not_taken; /* an _id it cannot encode, or an after() block */
+   if (flen == 0) {
+      goto not_taken; /* an _id it cannot encode */
+   }
+   if (g_after_var) {
+      int covered = after_covers (cache, (uint32_t) core->db_idx);
+      if (covered < 0) {
+         goto fail;
+      }
+      if (!covered) {
+         goto not_taken; /* held to a token the stream has not reached */
+      }
    }
    if (!core->codec) {
       goto not_taken; /* deleted while the getter ran */
@@ -1081,16 +1221,16 @@ static PyType_Spec View_spec = {
 static PyObject *
 mod_after_blocks (PyObject *Py_UNUSED (m), PyObject *arg)
 {
-   long n = PyLong_AsLong (arg);
-   if (n == -1 && PyErr_Occurred ()) {
-      return NULL;
-   }
-   g_after_blocks = n;
+   PyObject *old = g_after_var;
+
+   g_after_var = arg == Py_None ? NULL : Py_NewRef (arg);
+   Py_XDECREF (old);
    Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
-   {"after_blocks", mod_after_blocks, METH_O, "after_blocks(n): nonzero once an after() block was entered."},
+   {"after_blocks", mod_after_blocks, METH_O,
+    "after_blocks(var): the context variable of after() tokens, once a block was entered."},
    {NULL, NULL, 0, NULL},
 };
 
@@ -1144,6 +1284,9 @@ PyInit__native (void)
        PyModule_AddIntConstant (m, "ADMIT_QUEUED", CQC_ADMIT_QUEUED) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_DROPPED", CQC_ADMIT_DROPPED) < 0 ||
        PyModule_AddIntConstant (m, "KIND_REBIND", CQC_KIND_REBIND) < 0 ||
+       PyModule_AddIntConstant (m, "SCOPE_DB", CQC_SCOPE_DB) < 0 ||
+       PyModule_AddIntConstant (m, "SCOPE_NS", CQC_SCOPE_NS) < 0 ||
+       PyModule_AddIntConstant (m, "SCOPE_CELL", CQC_SCOPE_CELL) < 0 ||
        PyModule_AddIntConstant (m, "MODE_LOCAL", CQC_MODE_LOCAL) < 0 ||
        PyModule_AddIntConstant (m, "MODE_OWNER", CQC_MODE_OWNER) < 0 ||
        PyModule_AddIntConstant (m, "MODE_WORKER", CQC_MODE_WORKER) < 0 ||

@@ -56,7 +56,7 @@
 #include <stdint.h>
 
 #define CQC_RING_MAGIC 0x474e495243514343ULL /* "CCQCRING" */
-#define CQC_RING_VERSION 2u
+#define CQC_RING_VERSION 3u
 #define CQC_RING_DATA_OFF 128u
 #define CQC_RING_PAD 0x80000000u
 /* A producer past this offset wraps early when the ring's start is free.

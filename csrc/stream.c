@@ -195,9 +195,15 @@ be32 (const uint8_t *p)
  *     seconds and increment big-endian; or
  *   - a BSON document whose field "t" is a Timestamp (SecantusDB's layout).
  * Any other token gives false: the applied time then moves with events only,
- * which is safe (the causal floor is reached later, never early). */
+ * which is safe (the causal floor is reached later, never early).
+ * *high_water says whether the layout is MongoDB's: only its empty batch's
+ * token is a high-water mark that no write still committing can precede.
+ * SecantusDB mints an empty batch's token after a scan that may have missed
+ * a write to the watched database still committing (when it saw only other
+ * databases' entries), so its time is not taken as applied (docs/
+ * consistency.md). */
 static bool
-resume_token_time (const bson_t *token, uint32_t *t, uint32_t *i)
+resume_token_time (const bson_t *token, uint32_t *t, uint32_t *i, bool *high_water)
 {
    bson_iter_t it;
    const char *hex;
@@ -209,10 +215,12 @@ resume_token_time (const bson_t *token, uint32_t *t, uint32_t *i)
       return false;
    }
    hex = bson_iter_utf8 (&it, &len);
+   *high_water = false;
    if (len >= 18 && hex[0] == '8' && hex[1] == '2') {
       if (!hex_decode (hex, buf, 9)) {
          return false;
       }
+      *high_water = true;
       *t = be32 (buf + 1);
       *i = be32 (buf + 5);
       return true;
@@ -620,6 +628,7 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
    const bson_t *reply = NULL;
    bool healthy = false;
    uint32_t pbrt_t, pbrt_i;
+   bool high_water;
 
    while (!should_stop (s)) {
       /* When this round began: if it comes back empty, every event the
@@ -660,10 +669,11 @@ follow (cqc_stream_t *s, follow_t *f, mongoc_client_t *client, mongoc_change_str
          return false;
       }
       /* An empty batch: caught up with the server. Every event up to its
-       * postBatchResumeToken has been applied above. */
+       * postBatchResumeToken has been applied above, where that token is a
+       * high-water mark (resume_token_time). */
       save_token (f, mongoc_change_stream_get_resume_token (cs), false);
       pthread_mutex_lock (s->w.lock);
-      if (resume_token_time (f->token, &pbrt_t, &pbrt_i)) {
+      if (resume_token_time (f->token, &pbrt_t, &pbrt_i, &high_water) && high_water) {
          publish_applied_w (s, pbrt_t, pbrt_i);
       }
       __atomic_store_n (&s->w.arena->dbs[s->db_idx].quiet_ns, round_ns, __ATOMIC_RELEASE);

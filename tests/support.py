@@ -79,6 +79,24 @@ async def async_wait_until(
         await asyncio.sleep(interval)
 
 
+def stream_passed_now(manager: CacheManager | AsyncCacheManager, database: str) -> Callable[[], bool]:
+    """A predicate: whether ``database``'s stream has covered everything the
+    process observed until now (a stream round that began later came back
+    empty, or the stream applied up to the client's cluster time now), so
+    that the causal floor refuses no entry for what was read before."""
+    engine = manager._engine
+    token = (engine.client_time(), time.monotonic_ns())
+    return lambda: engine.after_allows(engine._db_idx[database], token)
+
+
+def settled(manager: CacheManager, database: str) -> None:
+    """Wait until ``database``'s stream has covered everything the process
+    observed until now: each of a burst of misses in one collection may have
+    seen newer documents than the ones before it, so until then only the
+    last one's entry is served (the causal floor)."""
+    wait_until(stream_passed_now(manager, database), what=f"the stream of {database!r} passes what was read")
+
+
 def stream_of(manager: CacheManager | AsyncCacheManager, database: str) -> StreamSnapshot:
     """The snapshot of ``database``'s change stream (it must exist)."""
     streams = [s for s in manager.snapshot().streams if s.database == database]

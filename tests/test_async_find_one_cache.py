@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from client_query_cache import AsyncCachedCursor
-from support import async_ready_collection
+from support import async_ready_collection, async_wait_until, stream_passed_now
 
 
 # -- a hit does not suspend the event loop ----------------------------------------
@@ -94,6 +94,10 @@ async def test_find_returns_an_async_cursor_usable_with_async_for_and_to_list(
     coll = await async_ready_collection(async_manager, db_name, "items")
 
     for attempt in ("miss", "hit"):
+        if attempt == "hit":
+            # Each miss read the collection after the ones before it: their
+            # entries wait for the stream to pass the last one (the floor).
+            await async_wait_until(stream_passed_now(async_manager, db_name), what="the stream passes the misses")
         before = async_manager.snapshot()
         cursor = coll.find({"_id": {"$gte": 1}}, sort=[("_id", 1)])
         assert isinstance(cursor, AsyncCachedCursor)

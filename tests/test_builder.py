@@ -54,7 +54,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from client_query_cache import _native
-from client_query_cache._core.engine import decode_bson, decode_documents
+from client_query_cache._core.engine import NO_STAMP, decode_bson, decode_documents
 
 # Hypothesis keeps files of its own even without an example database: in the
 # temporary directory, not in the checkout.
@@ -708,15 +708,15 @@ async def test_a_corrupt_entry_raises_what_pymongo_raises(d, client, db_name) ->
     held: list[Any] = []
     real_admit = engine.admit
 
-    def hold(plan: Any, token: bytes, value: Any, rebind: bool = False, memo: Any = (0, 0)) -> None:
-        held.append((plan, token, memo))
+    def hold(plan: Any, token: bytes, value: Any, rebind: bool = False, stamp: Any = NO_STAMP) -> None:
+        held.append((plan, token, stamp))
         engine.admit = real_admit
 
     engine.admit = hold
     assert await d.r(coll.find_one({"_id": 1})) == {"_id": 1, "v": 1}
-    ((plan, token, memo),) = held
+    ((plan, token, stamp),) = held
     corrupt = document([(16, b"_id", i32(1)), (9, b"v", i64(MILLIS_MAX + 1))])
-    engine.admit(plan, token, corrupt, memo=memo)
+    engine.admit(plan, token, corrupt, stamp=stamp)
     hits = cache.snapshot().hits
     with pytest.raises(bson.errors.InvalidBSON) as ours:
         await d.r(coll.find_one({"_id": 1}))

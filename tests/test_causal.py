@@ -39,7 +39,16 @@ from pymongo.errors import InvalidOperation, OperationFailure
 from benchmarks._proxy import FaultProxy
 from client_query_cache import BypassReason, CacheConfigurationError, CacheManager, CausalListener, SharedCache
 from client_query_cache.testing import external_uri
-from support import DEADLINE_S, TEST_MAX_AWAIT_MS, Driver, bypass_delta, ready_collection, wait_until
+from support import (
+    DEADLINE_S,
+    TEST_MAX_AWAIT_MS,
+    Driver,
+    bypass_delta,
+    ready_collection,
+    served,
+    stream_passed_now,
+    wait_until,
+)
 
 pytestmark = pytest.mark.skipif(
     not hasattr(ClientSession, "bind"), reason="ClientSession.bind() needs PyMongo 4.17"
@@ -260,7 +269,9 @@ async def test_a_write_through_the_view_is_read_back_at_once(d, client, db_name,
         before = cache.snapshot()
         assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
         assert await d.r(coll.count_documents({"v": 2})) == 1
-        assert _delta(cache, before) == {BEHIND: 2}
+        # Both entries were refused by the floor and read again as misses.
+        after = cache.snapshot()
+        assert (after.behind - before.behind, _delta(cache, before)) == (2, {})
     # Once the stream has applied the write, reads are served again.
     hits = cache.snapshot().hits
     deadline = time.monotonic() + DEADLINE_S
@@ -277,6 +288,9 @@ async def test_a_write_to_one_document_holds_back_only_what_depends_on_it(d, cli
     for _id in (1, 2):
         assert (await d.served(cache, lambda: coll.find_one({"_id": _id})))["v"] == 1
     assert (await d.served(cache, lambda: coll.find_one({"k": "b"})))["v"] == 1
+    # The query's miss may have seen a newer document 2 than its identity
+    # entry: that one waits for the stream to pass the query.
+    assert (await d.served(cache, lambda: coll.find_one({"_id": 2})))["v"] == 1
     with _held(proxy):
         await d.r(coll.update_one({"_id": 1}, {"$set": {"v": 2}}))
         before = cache.snapshot()
@@ -286,7 +300,7 @@ async def test_a_write_to_one_document_holds_back_only_what_depends_on_it(d, cli
         # ...but not the written one's, nor a query of the collection.
         assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
         assert (await d.r(coll.find_one({"k": "b"})))["v"] == 1
-        assert _delta(cache, before) == {BEHIND: 2}
+        assert (cache.snapshot().behind - before.behind, _delta(cache, before)) == (2, {})
 
 
 async def test_no_read_method_goes_back_behind_a_newer_version_seen(d, client, other_client, db_name, proxy):
@@ -416,6 +430,28 @@ def test_a_miss_that_ends_after_a_newer_read_is_not_served_ahead_of_the_stream(
         mongo.close()
 
 
+@contextlib.contextmanager
+def _two_workers(server_uri: str, proxy: FaultProxy) -> Iterator[tuple[SharedCache, tuple[CacheManager, CacheManager]]]:
+    """An owner whose stream goes through ``proxy``, and two workers of it in
+    this process. The workers' clients name the proxy as a seed too, so that
+    the owner follows their deployment; their reads go to the member the
+    server names, not through the proxy."""
+    owner = SharedCache.start(f"cqc-{uuid.uuid4().hex[:12]}", proxy.uri, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    seeds = f"{urlsplit(server_uri).netloc},{urlsplit(proxy.uri).netloc}"
+    clients = [pymongo.MongoClient(f"mongodb://{seeds}/") for _ in range(2)]
+    managers: list[CacheManager] = []
+    try:
+        for mongo in clients:
+            managers.append(CacheManager(mongo, shared=owner.name, max_await_time_ms=TEST_MAX_AWAIT_MS))
+        yield owner, (managers[0], managers[1])
+    finally:
+        for m in managers:
+            m.close()
+        for mongo in clients:
+            mongo.close()
+        owner.stop(timeout=10)
+
+
 def test_a_workers_own_miss_never_serves_another_workers_older_entry(
     server_uri, client, other_client, db_name, proxy, runtime_dir
 ):
@@ -426,18 +462,8 @@ def test_a_workers_own_miss_never_serves_another_workers_older_entry(
     # the key is not the result its own miss admitted, so it must not be
     # served to worker 2 before the stream has applied the write.
     _seed(client, db_name)
-    owner = SharedCache.start(f"cqc-{uuid.uuid4().hex[:12]}", proxy.uri, max_await_time_ms=TEST_MAX_AWAIT_MS)
-    # The workers' clients name the proxy as a seed too, so that the owner
-    # (whose stream goes through it) follows their deployment; their reads
-    # go to the member the server names, not through the proxy.
-    seeds = f"{urlsplit(server_uri).netloc},{urlsplit(proxy.uri).netloc}"
-    clients = [pymongo.MongoClient(f"mongodb://{seeds}/") for _ in range(2)]
-    managers: list[CacheManager] = []
-    try:
-        for mongo in clients:
-            managers.append(CacheManager(mongo, shared=owner.name, max_await_time_ms=TEST_MAX_AWAIT_MS))
-        w1, w2 = managers
-        c1, c2 = (ready_collection(m, db_name, "items") for m in managers)
+    with _two_workers(server_uri, proxy) as (owner, (w1, w2)):
+        c1, c2 = (ready_collection(m, db_name, "items") for m in (w1, w2))
         for coll in (c1, c2):
             assert coll.find_one({"_id": 99}) is None  # the collection is probed
         wait_until(lambda: owner.snapshot()["admissions_accepted"] == 2, what="both workers' entries are in the arena")
@@ -462,12 +488,6 @@ def test_a_workers_own_miss_never_serves_another_workers_older_entry(
                 assert c2.find_one({"_id": 1})["v"] == 2
             finally:
                 os.kill(owner.pid, signal.SIGCONT)
-    finally:
-        for m in managers:
-            m.close()
-        for mongo in clients:
-            mongo.close()
-        owner.stop(timeout=10)
 
 
 def test_after_takes_a_timestamp_or_none(manager):
@@ -586,3 +606,96 @@ async def test_a_views_write_in_a_transaction_is_read_back_after_the_commit(d, c
             assert [x["v"] for x in await d.docs(coll.find({}, sort=[("_id", 1)]))] == [2, 1]
     finally:
         await d.r(session.end_session())
+
+
+# -- the patterns that once served an older version --------------------------------
+
+
+def test_a_find_spanning_batches_is_not_served_past_a_newer_read_of_one_of_its_documents(
+    client, other_client, db_name, proxy, make_manager
+):
+    # A find whose reply spans batches reads document 1 in its first batch;
+    # another client's write changes it before the last getMore; the
+    # process then reads the new version; the same find again must not
+    # return the old one (its entry holds what the first batch saw).
+    _seed(client, db_name, *({"_id": i, "v": 1} for i in range(1, 4)))
+    cache = make_manager(stream_uri=proxy.uri)
+    coll = ready_collection(cache, db_name, "items")
+    with _held(proxy):
+        cursor = coll.find({}, sort=[("_id", 1)], batch_size=1)
+        first = next(cursor)
+        other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+        rest = list(cursor)
+        assert [first["v"], *(d["v"] for d in rest)] == [1, 1, 1]  # read before the write
+        assert coll.find_one({"_id": 1})["v"] == 2  # a newer read
+        again = list(coll.find({}, sort=[("_id", 1)], batch_size=1))
+        assert again[0] == {"_id": 1, "v": 2}, again
+
+
+@pytest.mark.parametrize("other", ["view_of_another_database", "raw_read"])
+def test_activity_on_the_same_client_during_a_miss_does_not_make_its_entry_newer(
+    server_uri, client, other_client, db_name, proxy, make_manager, other
+):
+    # Thread A's miss of document 1 reads version 1 and is held right after
+    # its reply. Meanwhile another client writes version 2 and thread B's
+    # read (a view of another database, or .raw) moves the client's cluster
+    # time past that write. A's entry then stands for nothing newer than
+    # what A read: once the process has read version 2, it must not be
+    # served.
+    other_db = f"{db_name}_o"
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1})
+    client[other_db].items.insert_one({"_id": 1})
+    gate = _FindGate()
+    mongo = pymongo.MongoClient(server_uri, event_listeners=[gate])
+    try:
+        cache = make_manager(client=mongo, stream_uri=proxy.uri)
+        coll = ready_collection(cache, db_name, "items")
+        elsewhere = ready_collection(cache, other_db, "items")
+        got: dict[str, Any] = {}
+        a = threading.Thread(target=lambda: got.setdefault("a", coll.find_one({"_id": 1})))
+        with _held(proxy):
+            reached, release = gate.arm(a)
+            try:
+                a.start()
+                assert reached.wait(DEADLINE_S)
+                other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+                if other == "raw_read":
+                    assert elsewhere.raw.find_one({"_id": 1}) is not None
+                else:
+                    b = threading.Thread(target=lambda: got.setdefault("b", elsewhere.find_one({"_id": 1})))
+                    b.start()
+                    b.join(DEADLINE_S)
+                    assert got["b"] == {"_id": 1}
+            finally:
+                release.set()
+            a.join(DEADLINE_S)
+            assert got["a"]["v"] == 1
+            assert coll.find_one({"k": "a"})["v"] == 2  # the process reads version 2
+            assert coll.find_one({"_id": 1})["v"] == 2
+    finally:
+        mongo.close()
+        client.drop_database(other_db)
+
+
+def test_a_hit_on_another_workers_newer_entry_holds_back_an_older_own_entry(
+    server_uri, client, other_client, db_name, proxy, runtime_dir
+):
+    # Shared cache: worker A cached a query's result (version 1 of document
+    # 1); a write makes version 2; worker B reads it by _id and admits it;
+    # worker A is served B's entry (version 2) from the arena. A hit is an
+    # observation: A's older query entry must not be served to A afterwards.
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1})
+    with _two_workers(server_uri, proxy) as (owner, (a, b)):
+        ca, cb = (ready_collection(m, db_name, "items") for m in (a, b))
+        assert ca.find_one({"k": "a"})["v"] == 1
+        wait_until(lambda: owner.snapshot()["admissions_accepted"] == 1, what="A's entry is in the arena")
+        wait_until(stream_passed_now(a, db_name), what="A's stream passes its read")
+        assert served(a, lambda: ca.find_one({"k": "a"}))["v"] == 1
+        with _held(proxy):
+            other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+            assert cb.find_one({"_id": 1})["v"] == 2
+            wait_until(lambda: owner.snapshot()["admissions_accepted"] == 2, what="B's entry is in the arena")
+            hits = a.snapshot().hits
+            assert ca.find_one({"_id": 1})["v"] == 2
+            assert a.snapshot().hits == hits + 1  # B's entry, served to A
+            assert ca.find_one({"k": "a"})["v"] == 2

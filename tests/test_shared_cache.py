@@ -46,7 +46,8 @@ from client_query_cache import (
     SharedCacheConfig,
     SharedCacheError,
 )
-from support import DEADLINE_S, TEST_MAX_AWAIT_MS, ready_collection, wait_until
+from client_query_cache._core.engine import NO_STAMP
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, ready_collection, settled, wait_until
 
 #: The bound the issue sets on how long workers keep serving from the arena of
 #: an owner that died (its heartbeat timeout is shorter), and the slack a
@@ -496,6 +497,7 @@ def test_counts_distinct_and_generic_find_one_are_shared_and_invalidated(
     for read, expected in reads:
         assert read() == expected
     wait_until(lambda: owner.snapshot()["entries"] == len(reads), what="the owner applied the admissions")
+    settled(manager, db_name)  # each miss may have seen newer documents than the ones before it
     hits = manager.snapshot().hits
     for read, expected in reads:
         assert read() == expected
@@ -1446,14 +1448,14 @@ def test_the_owner_writes_a_result_it_already_holds_only_once(group, client, db_
     engine, held = manager._engine, []
     real_admit = engine.admit
 
-    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False, memo: Any = (0, 0)) -> None:
-        held.append((plan, token, value, memo))
+    def hold(plan: Any, token: bytes, value: bytes | None, rebind: bool = False, stamp: Any = NO_STAMP) -> None:
+        held.append((plan, token, value, stamp))
         engine.admit = real_admit  # only this one
 
     engine.admit = hold
     assert coll.find_one({"_id": 0}) == docs[0]
-    ((plan, token, value, memo),) = held
-    engine.admit(plan, token, value, memo=memo)
+    ((plan, token, value, stamp),) = held
+    engine.admit(plan, token, value, stamp=stamp)
     for doc in docs[1:]:
         assert coll.find_one({"_id": doc["_id"]}) == doc
     wait_until(lambda: owner.snapshot()["entries"] == len(docs), what="every admission is applied")
@@ -1464,7 +1466,7 @@ def test_the_owner_writes_a_result_it_already_holds_only_once(group, client, db_
     for start in range(0, again, 20):  # well within a ring's room for a burst (ring.h)
         count = min(20, again - start)
         for _ in range(count):
-            engine.admit(plan, token, bytes(value), memo=memo)
+            engine.admit(plan, token, bytes(value), stamp=stamp)
         accepted = before["admissions_accepted"] + start + count
         wait_until(lambda: owner.snapshot()["admissions_accepted"] == accepted, what="the copies are applied")
 

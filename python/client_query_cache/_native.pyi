@@ -36,6 +36,11 @@ KIND_REBIND: Final[int]
 """Or-ed into ``admit``'s kind: a find_one by a unique key, validated by the
 identity of the document it found."""
 
+# Scopes of ``Cache.observe`` (floor.h).
+SCOPE_DB: Final[int]
+SCOPE_NS: Final[int]
+SCOPE_CELL: Final[int]
+
 # Cache modes: where the arena lives and who writes it.
 MODE_LOCAL: Final[int]
 MODE_OWNER: Final[int]
@@ -150,32 +155,53 @@ class Cache:
         filter: Buffer,
         rest: Buffer,
         value: Buffer | None,
-        memo_floor: int,
-        memo_epoch: int,
+        start_ns: int,
+        end_ns: int,
+        end_ts: int,
+        read_id: int,
+        ordered: bool,
         /,
     ) -> int:
-        """One of the ADMIT_* codes; ``value`` None caches "not found".
-        ``memo_floor``, ``memo_epoch``: the causal floor this miss's result
-        stands for and the memo epoch it ended with (0, 0: none), so its
-        entry is served before the stream reaches the floor while both
-        stand."""
+        """Admit a miss's result (``value`` None: "not found") under
+        ``token``, stamped with its read (arena.h's cqc_stamp_t): an
+        ``ADMIT_*`` code."""
 
-    def observe(self, db_idx: int, cluster_time: int, monotonic_ns: int, memo_epoch: int, /) -> None:
-        """Raise the database's causal floor: a cluster time
-        ``(seconds << 32) | increment`` and, on a one-member deployment, the
-        CLOCK_MONOTONIC time it was observed at (0 otherwise); and its memo
-        epoch (0: unchanged), which ends the memo entries of other ones."""
+    def observe(
+        self,
+        scope: int,
+        db_idx: int,
+        ns_idx: int,
+        filter: Buffer | None,
+        cluster_time: int,
+        monotonic_ns: int,
+        read_id: int,
+        /,
+    ) -> None:
+        """An observation (floor.h) of a database (``SCOPE_DB``), a namespace
+        (``SCOPE_NS``) or the identity cell of ``filter`` (``SCOPE_CELL``; the
+        namespace for a filter other than ``{"_id": v}``), bounded by the
+        client's cluster time ``(seconds << 32) | increment`` and
+        CLOCK_MONOTONIC after its reply, made by read ``read_id``."""
+
+    def set_ordered(self, ordered: bool, /) -> None:
+        """The deployment is known to have one member: reads are ordered in
+        real time (floor.h (b), (c))."""
+
+    def covers(self, db_idx: int, cluster_time: int, monotonic_ns: int, /) -> bool:
+        """Whether the database's stream has applied everything an
+        observation so bounded (an ``after()`` token) could have seen."""
+
+    def peek(
+        self, ns_idx: int, kind: int, filter: Buffer, rest: Buffer, /
+    ) -> tuple[bytes | None, int, int, int] | None:
+        """``(value, end_ns, end_ts, read_id)`` of the valid entry under the
+        key whatever the causal floor says (``value`` None: a cached "not
+        found"), or None: what a read the floor refused would have been
+        served. Counts nothing."""
 
     def hold(self, db_idx: int, held: bool, /) -> None:
         """Refuse every entry of the database (``held``), or stop: a
         transaction of this process wrote there and has not ended."""
-
-    def observe_id(
-        self, db_idx: int, ns_idx: int, filter: Buffer, cluster_time: int, monotonic_ns: int, /
-    ) -> bool:
-        """A write to the one document ``filter`` (``{"_id": v}``): hold back
-        the entries that may depend on it until the stream has applied it.
-        False if the filter is no identity filter or no slot is free."""
 
     def register(self, db: str, coll: str, /) -> tuple[int, int]:
         """``(ns_idx, db_idx)``; starts the database's follower."""
@@ -239,10 +265,11 @@ class ViewBase:
         ``self._find_one_rest(step, filter, *args, **kwargs)``, where
         ``step`` is the fast path's first Step or None."""
 
-def after_blocks(n: int, /) -> None:
-    """Nonzero once an ``after()`` block was entered in the process (causal.py):
-    from then on ``CoreBase.fast_find_one`` takes no read, so every read
-    checks its context's token (a context copied inside a block keeps it)."""
+def after_blocks(var: Any, /) -> None:
+    """The context variable of ``after()`` tokens, once a block was entered
+    in the process (causal.py; None: none): from then on
+    ``CoreBase.fast_find_one`` reads it, and leaves a read whose token the
+    stream does not cover to the path that bypasses."""
 
 def decoded(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
     """``decode(data, codec_options)``'s result, built by the document

@@ -241,10 +241,14 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       bson_t token;
       const uint8_t *tdata;
       uint32_t tlen, tt, ti;
+      bool high_water;
       bson_iter_document (&it, &tlen, &tdata);
-      if (bson_init_static (&token, tdata, tlen) && resume_token_time (&token, &tt, &ti) &&
+      if (bson_init_static (&token, tdata, tlen) &&
+          resume_token_time (&token, &tt, &ti, &high_water) &&
           bson_iter_init_find (&id, &token, "_data") && BSON_ITER_HOLDS_UTF8 (&id)) {
          const char *hex = bson_iter_utf8 (&id, NULL);
+         /* Only MongoDB's layout is a high-water mark. */
+         FUZZ_CHECK (high_water == (hex[0] == '8' && hex[1] == '2'), "token layout");
          if (hex[0] == '8' && hex[1] == '2') {
             char part[9] = {0};
             memcpy (part, hex + 2, 8);

@@ -8,12 +8,13 @@ cursor, at its first fetch). ``bound_session_getter`` returns that variable's
 ``get``; a bound session of another client is a bypass too, and PyMongo
 raises its own ``InvalidOperation`` for it.
 
-**The causal floor** (coherence rule 7). After every read or write a cached
-view sends to MongoDB, the manager raises the floor of that database to the
-client's highest cluster time (the ``$clusterTime`` MongoDB gossips in every
-reply, which is at or after the operation's own ``operationTime``). A hit is
-served only when the database's applied time (``cqc_db_t.applied_ts``) has
-reached its floor; otherwise the read goes to MongoDB (``stream_behind``).
+**The causal floor** (coherence rule 7, floor.h). Every read or write a
+cached view sends to MongoDB, and every hit, is an observation, bounded by
+the client's highest cluster time (the ``$clusterTime`` MongoDB gossips in
+every reply, at or after the operation's own ``operationTime``) and by
+CLOCK_MONOTONIC after its reply. A hit is served only when its entry
+reflects every observation of its scope; otherwise the read goes to MongoDB
+(``stream_behind``).
 
 **Tokens.** ``ManagerBase.cluster_time()`` hands out the process's highest
 cluster time; ``ManagerBase.after(token)`` holds the reads of a block (a
@@ -29,8 +30,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from bson.timestamp import Timestamp
@@ -92,7 +94,9 @@ def to_timestamp(value: int) -> Timestamp | None:
 
 # -- tokens from elsewhere ------------------------------------------------------
 
-_AFTER: contextvars.ContextVar[int] = contextvars.ContextVar("cqc_after", default=0)
+#: The innermost after() block's token: (cluster time, CLOCK_MONOTONIC when
+#: the block was entered), (0, 0) outside any.
+_AFTER: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("cqc_after", default=(0, 0))
 
 
 class _Blocks:
@@ -114,18 +118,21 @@ class _Blocks:
         from .. import _native
 
         with self._lock:
-            # The C fast path leaves every read to the Python path, which
-            # reads the context variable, before any token is set.
-            _native.after_blocks(1)
+            # The C fast path reads the context variable too from now on,
+            # before any token is set.
+            _native.after_blocks(_AFTER)
             self.used = True
 
 
 BLOCKS = _Blocks()
 
 
-def after_floor() -> int:
-    """The token of the innermost ``after`` block of this thread or task (0
-    outside any)."""
+def after_floor() -> tuple[int, int]:
+    """The token of the innermost ``after`` block of this thread or task and
+    when the block was entered ((0, 0) outside any). The writes the token
+    stands for were acknowledged before it was handed over, so before the
+    block was entered: a stream round that began after that covers them on
+    a deployment of one member (floor.h (b))."""
     return _AFTER.get()
 
 
@@ -138,7 +145,10 @@ def after(token: Any) -> Iterator[None]:
         return
     if not isinstance(token, Timestamp):
         raise CacheConfigurationError(f"token must be a bson.Timestamp or None, not {type(token).__name__}")
-    value = max((token.time << 32) | token.inc, _AFTER.get())
+    outer = _AFTER.get()
+    value = ((token.time << 32) | token.inc, time.monotonic_ns())
+    if outer[0] >= value[0]:
+        value = outer
     BLOCKS.enter()
     reset = _AFTER.set(value)
     try:
@@ -151,11 +161,12 @@ def after(token: Any) -> Iterator[None]:
 
 
 class CausalListener(monitoring.CommandListener):
-    """A PyMongo command listener that raises the causal floor of every
-    manager over its client after every command the client runs, to that
-    command's ``operationTime``: writes made through ``.raw``, through
-    collections that are not cached views, ``Database.command`` and
-    transactions are then covered as the cached views' own writes are.
+    """A PyMongo command listener that makes every command the client runs
+    an observation of every manager over its client (of its database,
+    bounded by the command's ``operationTime``): writes made through
+    ``.raw``, through collections that are not cached views,
+    ``Database.command`` and transactions are then covered as the cached
+    views' own writes are.
 
     Install it when creating the client, before the manager:
     ``MongoClient(uri, event_listeners=[CausalListener()])``. A command on
@@ -166,26 +177,64 @@ class CausalListener(monitoring.CommandListener):
     def __init__(self) -> None:
         self._engines: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
+        #: Write commands in flight: (request id, connection) -> (name,
+        #: collection, pipeline); their replies carry no command.
+        self._writes: dict[Any, tuple[str, Any, Any]] = {}
 
     def attach(self, engine: Any) -> None:
         with self._lock:
             self._engines.add(engine)
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        pass
+        name = event.command_name
+        command = event.command
+        if name in _WRITE_COMMANDS or (name == "aggregate" and _writes(command)):
+            with self._lock:
+                self._writes[(event.request_id, event.connection_id)] = (
+                    name, command.get(name), command.get("pipeline")
+                )
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
+        # A failed write may have written part of what it was asked to.
+        failure = event.failure if isinstance(event.failure, Mapping) else {}
+        self._observe(event, failure.get("operationTime"))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        ts = event.reply.get("operationTime")
-        if not isinstance(ts, Timestamp):
-            return
-        value = (ts.time << 32) | ts.inc
+        self._observe(event, event.reply.get("operationTime"))
+
+    def _observe(self, event: Any, ts: Any) -> None:
         with self._lock:
-            engines = list(self._engines)
+            write = self._writes.pop((event.request_id, event.connection_id), None)
+            engines = list(self._engines) if write is not None else []
+        if write is None:
+            return  # a read: the views observe their own (their misses go through this client)
+        name, coll, pipeline = write
         for engine in engines:
+            value = (ts.time << 32) | ts.inc if isinstance(ts, Timestamp) else engine.cluster_time()
             if event.database_name == "admin":
                 engine.observe_everywhere(value)
+            elif name == "aggregate":
+                engine.observe_written(event.database_name, pipeline, value)
             else:
-                engine.observe_time(event.database_name, value)
+                engine.observe_collection(
+                    event.database_name, coll if name in _COLLECTION_WRITES and isinstance(coll, str) else None, value
+                )
+
+
+#: Commands that may change documents or namespaces: what the listener
+#: observes. Reads are the views' to observe (misses, bypasses).
+_COLLECTION_WRITES = frozenset({"insert", "update", "delete", "findAndModify"})
+_WRITE_COMMANDS = _COLLECTION_WRITES | frozenset(
+    {
+        "bulkWrite", "commitTransaction", "abortTransaction", "drop", "dropDatabase", "renameCollection",
+        "create", "collMod", "createIndexes", "dropIndexes", "applyOps", "convertToCapped", "cloneCollectionAsCapped",
+    }
+)  # fmt: skip
+
+
+def _writes(command: Any) -> bool:
+    """Whether an aggregate command's pipeline has a write stage."""
+    pipeline = command.get("pipeline")
+    return isinstance(pipeline, list) and any(
+        isinstance(stage, dict) and ("$out" in stage or "$merge" in stage) for stage in pipeline
+    )

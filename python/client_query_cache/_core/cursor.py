@@ -33,7 +33,7 @@ __all__ = ["CursorBase", "Collector", "only", "slice_bounds"]
 class Collector:
     """The raw batches of a miss, kept until its cursor is exhausted."""
 
-    __slots__ = ("core", "step", "batches", "count", "size", "oversize", "observations", "since")
+    __slots__ = ("core", "step", "batches", "count", "size", "oversize", "read")
 
     def __init__(self, core: CollectionCore, step: Step) -> None:
         self.core = core
@@ -42,14 +42,14 @@ class Collector:
         self.count = 0
         self.size = 0
         self.oversize = False
-        self.observations = 0
-        #: The observation count after its last batch (Engine.observe).
-        self.since = step.observed
+        #: Bytes of the result received so far.
+        self.read = 0
 
     def add(self, batch: bytes) -> list[Any]:
         """Keep one raw batch; return its documents decoded for the caller."""
-        self.since = self.core.observe(self.since)
-        self.observations += 1
+        assert self.step.plan is not None
+        self.core.observe_read(self.step, self.step.plan, None, batch, self.read)
+        self.read += len(batch)
         docs = decoded(batch, decode_documents, self.core.codec)
         self.count += len(docs)
         if not self.oversize:
@@ -64,9 +64,13 @@ class Collector:
     def complete(self) -> None:
         """The cursor is exhausted: admit the complete result (the last
         getMore may have brought no batch, and a result may have none)."""
-        self.since = self.core.observe(self.since)
-        self.observations += 1
-        self.core.admit_documents(self.step, self.batches, self.count, self.oversize, self.observations)
+        plan, prior = self.step.plan, self.step.prior
+        assert plan is not None
+        if prior is not None and prior[0] is not None and len(prior[0]) == self.read:
+            seen = self.core.observe_read(self.step, plan, None, b"", self.read)  # all of it the same
+        else:
+            seen = self.core.observe_read(self.step, plan)
+        self.core.admit_documents(self.step, self.batches, self.count, self.oversize, seen)
 
 
 def _plain_sort(key_or_list: Any, direction: Any) -> bool:
@@ -152,8 +156,8 @@ class CursorBase:
         self._pos = 0
         self._source: Any = None  # the miss's raw batch cursor, or PyMongo's (bypass)
         self._collector: Collector | None = None
-        #: A bypass's observation count when it was sent (Engine.observe).
-        self._since: int | None = None
+        #: A bypass's read id (each document it fetches is observed).
+        self._read_id = 0
         #: Handed to PyMongo's cursor for good (an option the cache does not
         #: model): rewind, clone and options are that cursor's.
         self._pinned = False
@@ -185,14 +189,14 @@ class CursorBase:
     def _bypass_call(self) -> Any:
         """PyMongo's ``find`` or ``aggregate`` with the caller's arguments (a
         cursor, or an awaitable of one for ``AsyncCollection.aggregate``)."""
-        self._since = self._core.observations()
+        self._read_id = self._core.new_read()
         return getattr(self._raw, self._method)(*self._args, **self._kwargs)
 
     def _serve_bypass(self, source: Any) -> None:
         self._source = source
         self._started = True
         # An aggregate has run; a find reads on its first fetch.
-        self._since = self._core.observe(self._since)
+        self._core.observe(self._read_id)
         if self._method == "aggregate" and self._args:
             # $out and $merge may write into another database.
             self._core.observe_written(self._args[0])
@@ -200,7 +204,7 @@ class CursorBase:
     def _bypassed(self, doc: Any) -> Any:
         """A document of PyMongo's cursor (a bypass), which may have read a
         batch for it."""
-        self._since = self._core.observe(self._since)
+        self._core.observe(self._read_id)
         return doc
 
     # -- iteration ----------------------------------------------------------------
@@ -329,7 +333,7 @@ class CursorBase:
     def _pin(self, source: Any) -> None:
         """Serve the read with PyMongo's cursor ``source``, for good."""
         self._core.count_bypass(BypassReason.UNSUPPORTED_OPTION)
-        self._since = self._core.observations()
+        self._read_id = self._core.new_read()
         self._pinned = True
         self._serve_bypass(source)
 

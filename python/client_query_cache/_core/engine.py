@@ -18,6 +18,7 @@ Miss protocol (coherence rule 1):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from .. import _native
-from .classify import KIND_FIND, ReadPlan
+from .classify import KIND_FIND, ReadPlan, written_databases
 from .config import CacheConfig
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
@@ -41,7 +42,7 @@ from .uri import crl_file_in
 
 __all__ = [
     "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY",
-    "BEHIND",
+    "BEHIND", "Stamp", "NO_STAMP",
 ]  # fmt: skip
 
 MISS = _native.MISS
@@ -78,6 +79,17 @@ def unique_field_sets(indexes: Any) -> frozenset[frozenset[str]]:
         if fields != frozenset({"_id"}):
             sets.add(fields)
     return frozenset(sets)
+
+
+#: A read's stamp (arena.h): monotonic ns before it was sent and after its
+#: last reply, the client's cluster time after it, its read id, and whether
+#: the deployment is known to have one member.
+Stamp = tuple[int, int, int, int, bool]
+NO_STAMP: Stamp = (0, 0, 0, 0, False)
+
+
+#: Read ids of this process, for every manager (Engine.new_read).
+_READS = itertools.count(1)
 
 
 def _higher(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -137,27 +149,20 @@ class Engine:
         #: The client's highest cluster time (causal.client_cluster_time).
         self._clock = clock
         #: Whether the deployment has one member (causal.one_member), asked
-        #: until known: then quiet stream rounds also reach a floor.
+        #: until known: then reads are ordered in real time (floor.h).
         self._one_member = one_member
-        self._quiet_proof: bool | None = None
-        #: The causal floor by database name, carried to a new owner's arena
-        #: (the native floors are by the current arena's db_idx).
+        self._ordered: bool | None = None
+        #: Per database, the highest (cluster time, monotonic ns) of every
+        #: observation: cluster_time(), and the floor a new owner's arena
+        #: starts from (the native floor is by the current arena's indexes).
         self._floors: dict[str, tuple[int, int]] = {}
         #: A floor for every database, also those not registered yet.
         self._everywhere = (0, 0)
         self._db_idx: dict[str, int] = {}
-        #: Observations made per database (see memo_floor).
-        self._observed: dict[str, int] = {}
-        #: Per database, moved on by each observation of an operation that
-        #: overlapped another (see observe): it ends the memo's entries.
-        self._memo_epoch: dict[str, int] = {}
         #: Per database, the sessions whose open transaction wrote there
         #: through a view (weak references): the database's entries are
         #: refused until each has ended (hold_for_transaction).
         self._transactions: dict[str, list[weakref.ref[Any]]] = {}
-        #: The latest write to one document per database (observe_write_id),
-        #: carried to a new owner's arena as the database's floor.
-        self._targeted: dict[str, int] = {}
         self.link = link
         self.max_entry_bytes = config.max_entry_bytes
         #: Bumped when a worker re-attaches to a new owner; collections then
@@ -167,7 +172,7 @@ class Engine:
         self._reconnect = reconnect
         self._last_reattach = 0.0
         self._reattaching = False
-        self._carried = {"hits": 0, "misses": 0}
+        self._carried = {"hits": 0, "misses": 0, "behind": 0}
         self._segment: Any = None
         #: The ring file belongs to the process that created it: a forked
         #: copy of this engine must not remove its parent's ring.
@@ -285,6 +290,7 @@ class Engine:
                     stats = old_native.stats()
                     self._carried["hits"] += stats["hits"]
                     self._carried["misses"] += stats["misses"]
+                    self._carried["behind"] += stats["behind_lookups"]
                     self.native, self.link, self._segment = native, link, segment
                     self.max_entry_bytes = max_entry_bytes
                     self._namespaces = {}
@@ -336,10 +342,14 @@ class Engine:
                     # The floor this process holds for the database, also
                     # in a new owner's arena.
                     floor = _higher(self._floors.get(db, (0, 0)), self._everywhere)
-                    floor = _higher(floor, (self._targeted.get(db, 0), 0))
                     self._floors[db] = floor
+                    first = db not in self._db_idx
                     self._db_idx[db] = handle.db_idx
-                    self.native.observe(handle.db_idx, *floor, self._memo_epoch.get(db, 0))
+                    self._set_ordered(self.native)
+                    if first and floor[0]:
+                        # What this process observed of the database, in
+                        # every scope at once (a new owner's arena).
+                        self.native.observe(_native.SCOPE_DB, handle.db_idx, 0, None, *floor, 0)
                     if db in self._transactions:
                         self.native.hold(handle.db_idx, True)
                 self._namespaces[key] = handle
@@ -355,25 +365,96 @@ class Engine:
 
     # -- the causal floor (coherence rule 7) --------------------------------
 
-    def observe(self, db: str, since: int | None = None) -> int:
-        """A read or write of ``db`` went to MongoDB: raise its floor to the
-        client's highest cluster time; return the observation count with
-        it. ``since``: the count when the operation was sent (None: not
-        known). Never raises (it runs after the caller's operation, whose
-        own result or error must stand).
+    @staticmethod
+    def new_read() -> int:
+        """A read id for an operation about to be sent (floor.h): unique
+        among every manager of the host's processes (the pid and a count of
+        the process's, which a forked child starts anew under its own
+        pid)."""
+        return ((os.getpid() & 0x3FFFFF) << 40) | (next(_READS) & 0xFFFFFFFFFF)
 
-        An operation that overlapped another observation of ``db`` (or of
-        unknown start) moves the memo epoch on, which ends every memo entry
-        of ``db``: a miss that ended while it was in flight may have taken
-        the floor from its reply (the client's cluster time is shared), and
-        what it read may be newer than that miss's result."""
+    @property
+    def ordered(self) -> bool:
+        """Whether the deployment is known to have one member: there a read
+        that began after another ended read at least what it read."""
+        ordered = self._ordered
+        if ordered is None:
+            known = self._one_member()
+            if known is not None:
+                ordered = self._ordered = bool(known)
+                self._set_ordered(self.native)
+        return bool(ordered)
+
+    def _set_ordered(self, native: Any) -> None:
+        if self._ordered:
+            with contextlib.suppress(CacheClosedError, CacheForkedError):
+                native.set_ordered(True)
+
+    def observe(
+        self,
+        db: str,
+        read_id: int,
+        ns: NamespaceHandle | None = None,
+        filter_bytes: bytes | None = None,
+        value: int | None = None,
+        at: int | None = None,
+    ) -> tuple[int, int]:
+        """Something of ``db`` came back from MongoDB (floor.h): of the
+        whole database (``ns`` None), of namespace ``ns``, or of the one
+        document ``filter_bytes`` (``{"_id": v}``) of it. Bounded by the
+        client's cluster time (or ``value``, an operationTime) and
+        CLOCK_MONOTONIC now (or ``at``); returns those bounds. Never raises
+        (it runs after the caller's operation, whose own result or error
+        must stand)."""
+        ts = max(self._clock() if value is None else value, 1)
+        now = time.monotonic_ns() if at is None else at
+        self.ordered  # noqa: B018 - learn it as soon as the client knows
         with self._lock:
-            count = self._observed[db] = self._observed.get(db, 0) + 1
-            epoch = 0
-            if since is None or count != since + 1:
-                epoch = self._memo_epoch[db] = self._memo_epoch.get(db, 0) + 1
-        self.observe_time(db, self._clock(), epoch)
-        return count
+            self._floors[db] = _higher(self._floors.get(db, (0, 0)), (ts, now))
+            native, db_idx = self.native, self._db_idx.get(db)
+        if db_idx is None or (ns is not None and (ns.unavailable or ns.db_idx != db_idx)):
+            if db_idx is None:
+                return ts, now
+            ns = None  # a handle of an arena a new owner has replaced
+        if ns is None:
+            scope, ns_idx = _native.SCOPE_DB, 0
+        else:
+            scope = _native.SCOPE_NS if filter_bytes is None else _native.SCOPE_CELL
+            ns_idx = ns.ns_idx
+        with contextlib.suppress(CacheClosedError, CacheForkedError):
+            native.observe(scope, db_idx, ns_idx, filter_bytes, ts, now, read_id)
+        return ts, now
+
+    def client_time(self) -> int:
+        """The client's highest cluster time (at least 1)."""
+        return max(self._clock(), 1)
+
+    def observe_collection(self, db: str, coll: str | None, value: int) -> None:
+        """A write a CausalListener reported: of collection ``coll`` of
+        ``db`` (the whole database if None or not cached here), bounded by
+        its ``operationTime``."""
+        handle = self._namespaces.get((db, coll)) if coll is not None else None
+        self.observe(db, 0, handle, value=value)
+
+    def observe_written(self, db: str, pipeline: Any, value: int | None = None) -> None:
+        """An aggregation ``pipeline`` of ``db`` ran: every database its
+        ``$out`` or ``$merge`` wrote into (every database the process knows,
+        if a target cannot be read)."""
+        targets = written_databases(pipeline, db)
+        if targets is None:
+            self.observe_everywhere(self.cluster_time() if value is None else value)
+            return
+        for target in targets:
+            self.observe(target, 0, value=value)
+
+    def observe_everywhere(self, value: int) -> None:
+        """A command whose databases are not known (a transaction's commit,
+        a client-level bulk write): every database."""
+        with self._lock:
+            self._everywhere = _higher(self._everywhere, (value, time.monotonic_ns()))
+            names = list(self._floors)
+        for db in names:
+            self.observe(db, 0, value=value)
 
     def hold_for_transaction(self, db: str, session: Any) -> None:
         """A view's write to ``db`` ran in ``session``'s open transaction: it
@@ -396,8 +477,8 @@ class Engine:
     def release_transactions(self, db: str) -> bool:
         """Stop refusing ``db``'s entries if every transaction that wrote
         there has ended (committed, aborted, or its session ended or
-        collected): its floor is first raised past the commit (the client's
-        cluster time now). Returns whether ``db`` is no longer held."""
+        collected): the database is first observed (past the commit).
+        Returns whether ``db`` is no longer held."""
         with self._lock:
             sessions = self._transactions.get(db)
             if sessions is None:
@@ -407,97 +488,22 @@ class Engine:
                 return False
             del self._transactions[db]
             native, db_idx = self.native, self._db_idx.get(db)
-        self.observe(db)
+        self.observe(db, 0)
         if db_idx is not None:
             with contextlib.suppress(CacheClosedError, CacheForkedError):
                 native.hold(db_idx, False)
         return True
 
-    def observe_write_id(self, ns: NamespaceHandle, native: Any, filter_bytes: bytes) -> bool:
-        """A write through a view to the one document ``filter_bytes``
-        (``{"_id": v}``) of ``ns`` went to MongoDB: hold back only the entries
-        that may depend on that document until the stream has applied it
-        (module.c, pending_blocks). False if that could not be recorded (the
-        caller then raises the database's floor)."""
-        value, now = self._clock(), self._now()
-        with self._lock:
-            self._observed[ns.db] = self._observed.get(ns.db, 0) + 1
-            self._targeted[ns.db] = max(self._targeted.get(ns.db, 0), value)
-        try:
-            recorded = bool(native.observe_id(ns.db_idx, ns.ns_idx, filter_bytes, value, now))
-        except (CacheClosedError, CacheForkedError):
-            return True  # nothing will be read from this cache again
-        # Recorded in an arena a new owner has replaced: the database's floor.
-        return recorded and native is self.native
-
-    def observations(self, db: str) -> int:
-        """How many observations of ``db`` this process has made (a miss
-        takes it with its token)."""
-        return self._observed.get(db, 0)
-
-    def memo_floor(self, db: str, before: int, own: int) -> tuple[int, int]:
-        """For a miss that took ``before`` with its token and has made
-        ``own`` observations since: if no other read or write of ``db`` was
-        observed meanwhile and the deployment has one member, the floor its
-        result stands for and the memo epoch it ended with (floor.h, own
-        misses), else (0, 0). Its entry may then be served before the stream
-        reaches that floor, while floor and epoch stand: the read began after
-        everything else the process observed there and ended before
-        anything else, and an operation in flight meanwhile moves the epoch
-        on when it ends (observe)."""
-        if not self._quiet_proof:
-            return 0, 0
-        with self._lock:
-            if self._observed.get(db, 0) != before + own:
-                return 0, 0
-            return self._floors.get(db, (0, 0))[0], self._memo_epoch.get(db, 0)
-
-    def _now(self) -> int:
-        """The floor's second part (see module.c): now, where quiet stream
-        rounds prove a floor reached, else 0."""
-        proof = self._quiet_proof
-        if proof is None:
-            proof = self._quiet_proof = self._one_member()
-        return time.monotonic_ns() if proof else 0
-
-    def observe_time(self, db: str, value: int, epoch: int = 0) -> None:
-        """Raise ``db``'s floor to cluster time ``value``, observed now, and
-        its memo epoch to ``epoch`` (0: unchanged). A time not above the
-        floor leaves it as it is: what was observed is no newer than what
-        the floor already stands for (and a process that keeps reading must
-        not keep pushing the quiet-round part ahead)."""
-        old = self._floors.get(db)
-        if old is not None and value <= old[0] and not epoch:
-            return
-        now = self._now()
-        with self._lock:
-            old = self._floors.get(db, (0, 0))
-            if value > old[0]:
-                floor = self._floors[db] = _higher(old, (value, now))
-            elif epoch:
-                floor = (0, 0)
-            else:
-                return
-            native, db_idx = self.native, self._db_idx.get(db)
-        if db_idx is not None:
-            with contextlib.suppress(CacheClosedError, CacheForkedError):
-                native.observe(db_idx, *floor, epoch)
-
-    def observe_everywhere(self, value: int) -> None:
-        """A command whose databases are not known (a transaction's commit,
-        a client-level bulk write): every database's floor."""
-        with self._lock:
-            self._everywhere = _higher(self._everywhere, (value, self._now()))
-            names = list(self._floors)
-        for db in names:
-            self.observe_time(db, value)
+    def after_allows(self, db_idx: int, token: tuple[int, int]) -> bool:
+        """Whether the database's stream covers an after() token (cluster
+        time, monotonic ns when its block was entered): floor.h (a), (b)."""
+        return bool(self.native.covers(db_idx, *token))
 
     def cluster_time(self) -> int:
         """The highest cluster time this process has observed: the client's,
-        or a floor raised by a listener."""
+        or one a listener reported."""
         with self._lock:
             highest = max(ts for ts, _ in (self._everywhere, *self._floors.values()))
-            highest = max(highest, *self._targeted.values(), 0)
         return max(highest, self._clock())
 
     # -- counters -----------------------------------------------------------
@@ -598,19 +604,20 @@ class Engine:
         return token
 
     def admit(
-        self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False, memo: tuple[int, int] = (0, 0)
+        self, plan: ReadPlan, token: bytes, value: bytes | None, rebind: bool = False, stamp: Stamp = NO_STAMP
     ) -> None:
         """Admit a miss's result: its BSON, or None for "not found". With
         ``rebind`` (a find_one by the fields of a unique index), the entry is
         validated by the identity of the document found (see
-        cqc_arena_w_rebind). ``memo``: what memo_floor gave."""
+        cqc_arena_w_rebind). ``stamp``: when and by which read it was read
+        (floor.h)."""
         if value is not None and len(value) > self.max_entry_bytes:
             self._count_reject(RejectReason.OVERSIZE)
             return
         # Rejections by the arena are counted there (see snapshot()); a
         # worker's ring counts what it had to drop.
         kind = plan.kind | _native.KIND_REBIND if rebind else plan.kind
-        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value, *memo)
+        self.native.admit(token, kind, plan.filter_bytes, plan.rest, value, *stamp)
 
     # -- state --------------------------------------------------------------
 
@@ -660,6 +667,7 @@ class Engine:
             budget_bytes=stats["budget_bytes"],
             entries=stats["entries"],
             streams=streams,
+            behind=stats["behind_lookups"] + self._carried["behind"],
         )
 
     def ready(self, database: str | None) -> bool:

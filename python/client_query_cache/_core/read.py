@@ -52,7 +52,6 @@ from .classify import (
     classify_find_one,
     classify_id,
     collection_bypass,
-    written_databases,
 )
 from .causal import BLOCKS, after_floor
 from .._native import CoreBase, decoded
@@ -67,6 +66,15 @@ __all__ = ["CollectionCore", "Step", "StepKind"]
 _ONE_DOCUMENT_WRITES = frozenset(
     {"update_one", "replace_one", "delete_one", "find_one_and_delete", "find_one_and_replace", "find_one_and_update"}
 )
+
+#: The refused entry's value (None: "not found") and stamp (Cache.peek).
+Prior = tuple[bytes | None, int, int, int]
+#: observe_read without a result to compare.
+_WHOLE: Any = object()
+
+
+#: Write methods that drop or rename namespaces.
+_NAMESPACE_WRITES = frozenset({"drop", "rename"})
 
 #: PyMongo's session classes: a write's session given positionally.
 _SESSION_TYPES = (ClientSession, AsyncClientSession)
@@ -89,7 +97,7 @@ class StepKind(enum.Enum):
 class Step:
     """What the facade must do next for one read."""
 
-    __slots__ = ("kind", "value", "plan", "key", "token", "observed")
+    __slots__ = ("kind", "value", "plan", "key", "token", "read_id", "started", "prior")
 
     def __init__(
         self,
@@ -98,16 +106,22 @@ class Step:
         plan: ReadPlan | None = None,
         key: tuple[int, int] | None = None,
         token: bytes | None = None,
-        observed: int = 0,
+        read_id: int = 0,
+        started: int = 0,
+        prior: Prior | None = None,
     ) -> None:
         self.kind = kind
         self.value = value
         self.plan = plan
         self.key = key
         self.token = token
-        #: A READ step: the database's observation count when its token was
-        #: taken (Engine.memo_floor).
-        self.observed = observed
+        #: A READ step: its read id, and CLOCK_MONOTONIC before it is sent
+        #: (its stamp, floor.h).
+        self.read_id = read_id
+        self.started = started
+        #: For a read the causal floor refused: the refused entry's value
+        #: and stamp (Cache.peek).
+        self.prior = prior
 
 
 _BYPASS = Step(StepKind.BYPASS)
@@ -230,8 +244,10 @@ class CollectionCore(CoreBase):
             # PyMongo runs this read in the bound session (or raises for
             # another client's): never from or into the cache.
             reason = BypassReason.SESSION
-        elif reason is None and BLOCKS.used and self.native.db_state(self.ns.db_idx)[2] < after_floor():
-            reason = BypassReason.STREAM_BEHIND
+        elif reason is None and BLOCKS.used:
+            token = after_floor()
+            if token[0] and not self.engine.after_allows(self.ns.db_idx, token):
+                reason = BypassReason.STREAM_BEHIND
         if looked_up is BEHIND and self.engine.holds(self._db_name) and self.engine.release_transactions(
             self._db_name
         ):
@@ -259,8 +275,11 @@ class CollectionCore(CoreBase):
                 if result is MISS:
                     return self._after_miss(plan)
                 if result is BEHIND:
-                    reason = BypassReason.STREAM_BEHIND
-                elif result is not UNHEALTHY:
+                    # The entry may be older than what this process has seen
+                    # (the causal floor): read MongoDB as a miss, whose
+                    # result replaces it or moves its stamp on.
+                    return self._after_miss(plan, self.native.peek(self.ns_idx, plan.kind, plan.filter_bytes, plan.rest))
+                if result is not UNHEALTHY:
                     return Step(StepKind.HIT, value=_hit_value(plan, result))
                 else:
                     reason = BypassReason.STREAM_UNHEALTHY
@@ -274,11 +293,11 @@ class CollectionCore(CoreBase):
 
     # -- the miss ----------------------------------------------------------------
 
-    def _after_miss(self, plan: ReadPlan) -> Step:
+    def _after_miss(self, plan: ReadPlan, prior: Prior | None = None) -> Step:
         key = self.engine.ns_key(self.ns)
         if self.ns.probe_key != key:
             return Step(StepKind.PROBE, plan=plan, key=key)
-        return self._capture(plan, key)
+        return self._capture(plan, key, prior)
 
     def probe_filter(self) -> dict[str, Any]:
         """The listCollections filter of a PROBE step."""
@@ -297,7 +316,7 @@ class CollectionCore(CoreBase):
         self.engine.record_probe(self.ns, step.key, infos, indexes)
         return self._capture(step.plan, step.key)
 
-    def _capture(self, plan: ReadPlan, key: tuple[int, int]) -> Step:
+    def _capture(self, plan: ReadPlan, key: tuple[int, int], prior: Prior | None = None) -> Step:
         engine = self.engine
         reason = engine.verdict(self.ns, key)
         if reason is None and self.ns.collation[1] is not None:
@@ -308,7 +327,6 @@ class CollectionCore(CoreBase):
                 engine.count_bypass(collated)
                 return _BYPASS
             plan = collated
-        observed = engine.observations(self._db_name)
         token = None if reason is not None else engine.capture(self.ns, plan, key)
         if token is None:
             engine.count_bypass(reason or BypassReason.STREAM_UNHEALTHY)
@@ -316,7 +334,15 @@ class CollectionCore(CoreBase):
         hook = engine.hooks.after_capture
         if hook is not None:
             hook()
-        return Step(StepKind.READ, plan=plan, key=key, token=token, observed=observed)
+        return Step(
+            StepKind.READ,
+            plan=plan,
+            key=key,
+            token=token,
+            read_id=engine.new_read(),
+            started=time.monotonic_ns(),
+            prior=prior,
+        )
 
     def _under_default_collation(self, plan: ReadPlan, key: tuple[int, int]) -> ReadPlan | BypassReason:
         """``plan`` keyed under the collection's non-simple default collation
@@ -341,7 +367,7 @@ class CollectionCore(CoreBase):
         PyMongo would have returned."""
         plan = step.plan
         assert plan is not None and step.token is not None
-        self.engine.observe(self._db_name, step.observed)
+        at = time.monotonic_ns()
         kind = plan.kind
         if kind == KIND_FIND_ONE:
             value = None if result is None else result.raw
@@ -349,12 +375,13 @@ class CollectionCore(CoreBase):
             value = bson.encode({"v": result}, codec_options=_VALUES_CODEC)
         else:
             value = bson.encode({"n": result})
+        seen = self.observe_read(step, plan, at, value if step.prior is None or value is None else bytes(value))
         rebind = (
             value is not None
             and plan.unique_fields is not None
             and self.engine.unique_key(self.ns, step.key, plan.unique_fields)
         )
-        self._admit(step, plan, value, 1, rebind)
+        self._admit(step, plan, value, seen, rebind)
         if value is None:
             return None
         if kind == KIND_FIND_ONE:
@@ -364,7 +391,7 @@ class CollectionCore(CoreBase):
         return result
 
     def admit_documents(
-        self, step: Step, batches: list[bytes], count: int, oversize: bool, observations: int
+        self, step: Step, batches: list[bytes], count: int, oversize: bool, seen: tuple[int, int]
     ) -> None:
         """Admit the complete result of a ``find`` or ``aggregate`` miss (its
         cursor was exhausted): the raw batches, ``count`` documents in all.
@@ -378,68 +405,96 @@ class CollectionCore(CoreBase):
             return
         if plan.limit and count < plan.limit:
             plan = plan.unlimited()
-        self._admit(step, plan, b"".join(batches), observations)
+        self._admit(step, plan, b"".join(batches), seen)
 
-    def _admit(self, step: Step, plan: ReadPlan, value: bytes | None, own: int, rebind: bool = False) -> None:
-        """Admit under ``step``'s token; ``own``: observations this read made."""
+    def _admit(
+        self, step: Step, plan: ReadPlan, value: bytes | None, seen: tuple[int, int], rebind: bool = False
+    ) -> None:
+        """Admit under ``step``'s token, stamped with the read's start and
+        ``seen`` (the bounds of its last observation, observe_read)."""
         assert step.token is not None
         hook = self.engine.hooks.before_admit
         if hook is not None:
             hook()
         try:
-            memo = self.engine.memo_floor(self._db_name, step.observed, own)
-            self.engine.admit(plan, step.token, value, rebind, memo)
+            stamp = (step.started, seen[1], seen[0], step.read_id, self.engine.ordered)
+            self.engine.admit(plan, step.token, value, rebind, stamp)
         except CacheClosedError:
             pass  # closed while this read was in flight: return it, cache nothing
 
     def count_bypass(self, reason: BypassReason) -> None:
         self.engine.count_bypass(reason)
 
-    def observe(self, since: int | None = None) -> int:
-        """A read or write of this collection went to MongoDB: raise the
-        database's causal floor (coherence rule 7). ``since``: observations()
-        when it was sent (None: not known); returns the count with it."""
-        return self.engine.observe(self._db_name, since)
+    def new_read(self) -> int:
+        """A read id for an operation of this collection about to be sent."""
+        return self.engine.new_read()
+
+    def observe(self, read_id: int = 0) -> tuple[int, int]:
+        """A read or write of this collection (read ``read_id``) came back
+        from MongoDB: an observation of its namespace (coherence rule 7);
+        its bounds."""
+        return self.engine.observe(self._db_name, read_id, self.ns)
+
+    def observe_read(
+        self, step: Step, plan: ReadPlan, at: int | None = None, result: Any = _WHOLE, offset: int = 0
+    ) -> tuple[int, int]:
+        """A miss's read (or one batch of it: ``result``'s bytes at
+        ``offset`` of the whole) came back: an observation of the one
+        document of a read by ``{"_id": v}`` (the C core tells it from the
+        filter, as it tells identity entries), else of the namespace.
+        Returns the read's bounds (for its stamp). A read the floor sent
+        here that returned what the refused entry holds (``step.prior``)
+        saw nothing newer than that entry: it is observed as a hit of it
+        (floor.h), bounded by the entry's stamp."""
+        at = time.monotonic_ns() if at is None else at
+        prior = step.prior
+        if prior is not None and result is not _WHOLE and _same_part(prior[0], result, offset):
+            self.engine.observe(self._db_name, prior[3], self.ns, plan.filter_bytes, prior[2], prior[1])
+            return self.engine.client_time(), at
+        step.prior = None  # it differs: every later part is observed anew
+        return self.engine.observe(self._db_name, step.read_id, self.ns, plan.filter_bytes, at=at)
 
     def observe_written(self, pipeline: Any) -> None:
         """An aggregation ``pipeline`` of this collection ran (a bypass): the
-        databases its ``$out`` or ``$merge`` wrote into other than this one
-        are observed too (every database the process knows, if a target
-        cannot be read)."""
-        targets = written_databases(pipeline, self._db_name)
-        if targets is None:
-            self.engine.observe_everywhere(self.engine.cluster_time())
-            return
-        for db in targets - {self._db_name}:
-            self.engine.observe(db)
-
-    def observations(self) -> int:
-        """The database's observation count, taken before an operation is
-        sent (Engine.observe)."""
-        return self.engine.observations(self._db_name)
+        databases its ``$out`` or ``$merge`` wrote into are observed too
+        (every database the process knows, if a target cannot be read)."""
+        self.engine.observe_written(self._db_name, pipeline)
 
     def observe_write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A view's write ``method(*args, **kwargs)`` went to MongoDB. One
-        whose filter is exactly ``{"_id": v}`` wrote at most that document:
-        only the entries that may depend on it are held back; any other
-        raises the database's floor. One in a transaction (a ``session``
-        argument, or a bound session, in a transaction) holds the database
-        back until the transaction has ended."""
+        """A view's write ``method(*args, **kwargs)`` went to MongoDB: an
+        observation of the one document of a write by exactly ``{"_id": v}``
+        (without a collation), of the whole database for ``drop`` and
+        ``rename``, else of the namespace. One in a transaction (a
+        ``session`` argument, or a bound session, in a transaction) holds the
+        database back until the transaction has ended."""
         session = kwargs.get("session")
         if session is None:
             session = next((a for a in args if isinstance(a, _SESSION_TYPES)), None) or self.bound_session()
         if session is not None and getattr(session, "in_transaction", False):
             self.engine.hold_for_transaction(self._db_name, session)
-        if method in _ONE_DOCUMENT_WRITES and not self.ns.unavailable:
+        read_id = self.engine.new_read()
+        if method in _NAMESPACE_WRITES:
+            self.engine.observe(self._db_name, read_id)
+            return
+        if method in _ONE_DOCUMENT_WRITES and kwargs.get("collation") is None:
             flt = args[0] if args else kwargs.get("filter")
             if type(flt) is dict and len(flt) == 1 and "_id" in flt:
                 try:
                     encoded = bson.encode(flt, codec_options=self.codec)
                 except (bson.errors.BSONError, TypeError, ValueError, OverflowError):
                     encoded = None
-                if encoded is not None and self.engine.observe_write_id(self.ns, self.native, encoded):
+                if encoded is not None:
+                    self.engine.observe(self._db_name, read_id, self.ns, encoded)
                     return
-        self.observe()
+        self.observe(read_id)
+
+
+def _same_part(entry: bytes | None, part: Any, offset: int) -> bool:
+    """Whether ``part`` (bytes, or None for "not found") is what ``entry``
+    holds at ``offset`` (the whole of it for "not found")."""
+    if entry is None or part is None:
+        return entry is None and part is None
+    return entry[offset : offset + len(part)] == part
 
 
 def _hit_value(plan: ReadPlan, entry: Any) -> Any:

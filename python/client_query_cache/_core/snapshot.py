@@ -48,6 +48,10 @@ class CacheSnapshot:
     budget_bytes: int
     entries: int
     streams: tuple[StreamSnapshot, ...]
+    #: Lookups that found an entry the causal floor refused (it may be older
+    #: than what this process has already seen): the read went to MongoDB as
+    #: a miss, not counted in ``misses``.
+    behind: int = 0
 
     @property
     def bypass_total(self) -> int:

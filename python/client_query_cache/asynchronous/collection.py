@@ -76,11 +76,11 @@ class AsyncCachedCollection(CollectionBase):
             return core.finish(step, result)
         if step.kind is StepKind.HIT:
             return step.value
-        since = core.observations()
+        read_id = core.new_read()
         try:
             return await bypass()
         finally:
-            core.observe(since)
+            core.observe(read_id)
 
     async def find_one(self, filter: Any = None, *args: Any, **kwargs: Any) -> Any:
         """PyMongo's ``find_one``, served from the cache when safe."""

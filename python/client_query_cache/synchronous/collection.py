@@ -56,11 +56,11 @@ class CachedCollection(CollectionBase):
             return core.finish(step, core.miss_read(step))
         if step.kind is StepKind.HIT:
             return step.value
-        since = core.observations()
+        read_id = core.new_read()
         try:
             return bypass()
         finally:
-            core.observe(since)
+            core.observe(read_id)
 
     # find_one is ViewBase's (C): PyMongo's ``find_one``, served from the
     # cache when safe. A hit of find_one({"_id": int|str|ObjectId}) is
