@@ -53,6 +53,14 @@ entry_sum (uint16_t flags, uint32_t key_len, const void *val, uint32_t val_len,
    uint64_t a = 0x656e747279ull ^ ((uint64_t) (flags & (CQC_ENTRY_NOT_FOUND | CQC_ENTRY_CONFLICT)) << 32) ^ key_len;
    uint64_t b = val_len, w, pair[2];
    uint32_t n = val_len;
+   const uint64_t stamp_words[5] = {stamp->start_ns, stamp->end_ns, stamp->end_ts, stamp->read_id,
+                                    stamp->flags};
+   int i;
+
+   for (i = 0; i < 5; i++) { /* the stamp first, as five more words */
+      a += stamp_words[i];
+      b += a;
+   }
 
    for (; n >= 8; n -= 8, p += 8) {
       memcpy (&w, p, 8);
@@ -65,7 +73,7 @@ entry_sum (uint16_t flags, uint32_t key_len, const void *val, uint32_t val_len,
    b += a;
    pair[0] = a;
    pair[1] = b;
-   return cqc_hash_bytes (stamp, sizeof *stamp, cqc_hash_bytes (pair, sizeof pair, 0x73756dull));
+   return cqc_hash_bytes (pair, sizeof pair, 0x73756dull);
 }
 
 static uint64_t

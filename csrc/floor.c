@@ -12,12 +12,15 @@ cqc_floor_init (cqc_floor_t *f, uint32_t db_count, uint32_t ns_count)
 {
    *f = (cqc_floor_t){.db_count = db_count, .ns_count = ns_count};
    f->db = calloc (db_count ? db_count : 1, sizeof *f->db);
+   f->db_max_ts = calloc (db_count ? db_count : 1, sizeof *f->db_max_ts);
+   f->db_max_ns = calloc (db_count ? db_count : 1, sizeof *f->db_max_ns);
    f->held = calloc (db_count ? db_count : 1, sizeof *f->held);
    f->ns = calloc (ns_count ? ns_count : 1, sizeof *f->ns);
    f->ns_ids = calloc (ns_count ? ns_count : 1, sizeof *f->ns_ids);
    f->ns_db = calloc (ns_count ? ns_count : 1, sizeof *f->ns_db);
    f->cells = calloc (CQC_SEEN_BUCKETS * CQC_SEEN_WAYS, sizeof *f->cells);
-   if (!f->db || !f->held || !f->ns || !f->ns_ids || !f->ns_db || !f->cells) {
+   if (!f->db || !f->db_max_ts || !f->db_max_ns || !f->held || !f->ns || !f->ns_ids ||
+       !f->ns_db || !f->cells) {
       cqc_floor_free (f);
       return false;
    }
@@ -28,6 +31,8 @@ void
 cqc_floor_free (cqc_floor_t *f)
 {
    free (f->db);
+   free (f->db_max_ts);
+   free (f->db_max_ns);
    free (f->held);
    free (f->ns);
    free (f->ns_ids);
@@ -189,6 +194,8 @@ cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_
    if (db_idx >= f->db_count) {
       return;
    }
+   f->db_max_ts[db_idx] = max64 (f->db_max_ts[db_idx], ts);
+   f->db_max_ns[db_idx] = max64 (f->db_max_ns[db_idx], ns);
    if (scope != CQC_SCOPE_DB && ns_idx < f->ns_count) {
       f->ns_db[ns_idx] = db_idx + 1;
       if (scope == CQC_SCOPE_CELL && cell != CQC_NO_CELL) {
@@ -221,6 +228,11 @@ cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cel
 {
    if (db_idx >= f->db_count || ns_idx >= f->ns_count || f->held[db_idx]) {
       return false;
+   }
+   /* The steady state: the stream has passed every observation of the
+    * database, whatever its scope (one load of each bound). */
+   if (covered (f, cov, f->db_max_ts[db_idx], f->db_max_ns[db_idx], NULL)) {
+      return true;
    }
    if (!seen_allows (f, &f->db[db_idx], stamp, cov) ||
        !seen_allows (f, &f->ns[ns_idx], stamp, cov)) {

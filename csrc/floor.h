@@ -76,6 +76,8 @@ typedef struct {
    uint32_t ns_count;
    bool ordered;      /* the deployment has one member: (b) and (c) apply */
    cqc_seen_t *db;    /* by db_idx */
+   uint64_t *db_max_ts; /* by db_idx: the highest bounds of every observation */
+   uint64_t *db_max_ns; /* of the database, whatever its scope */
    cqc_seen_t *ns;    /* by ns_idx: observations of the whole namespace */
    cqc_seen_t *ns_ids; /* by ns_idx: every identity observation of it */
    uint32_t *ns_db;   /* by ns_idx: its db_idx (+1; 0: not seen yet) */
