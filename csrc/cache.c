@@ -349,6 +349,35 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
 /* Reads and admissions                                                     */
 /* ======================================================================== */
 
+/* A lookup's copy, seen on its way to the caller's buffer (the floor's (d)
+ * may compare it with a result this process read). */
+typedef struct {
+   cqc_alloc_fn alloc;
+   cqc_discard_fn discard;
+   void *ctx;
+   const uint8_t *buf;
+   size_t len;
+} seen_copy_t;
+
+static void *
+seen_alloc (void *ctx, size_t len)
+{
+   seen_copy_t *s = ctx;
+
+   s->len = len;
+   s->buf = s->alloc (s->ctx, len);
+   return (void *) s->buf;
+}
+
+static void
+seen_discard (void *ctx)
+{
+   seen_copy_t *s = ctx;
+
+   s->buf = NULL;
+   s->discard (s->ctx);
+}
+
 cqc_served_t
 cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
                   cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
@@ -358,6 +387,8 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
    cqc_covered_t cov;
    cqc_stamp_t stamp;
    uint32_t cell;
+   seen_copy_t copy = {alloc, discard, ctx, NULL, 0};
+   cqc_found_t found = {0};
 
    if (cqc_arena_r_db_state (&c->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
       c->unhealthy++;
@@ -366,22 +397,26 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
    /* What the stream has covered, loaded (acquire) before the lookup: the
     * entry it then validates reflects every invalidation this covers. */
    cqc_floor_covered (&c->arena, db_idx, &cov);
-   r = cqc_arena_r_lookup_stamped (&c->arena, ns_idx, cqc_hash_bytes (k->buf, k->len, 0), k->buf,
-                                   k->len, alloc, discard, ctx, &stamp, &cell);
+   found.key_hash = cqc_hash_bytes (k->buf, k->len, 0);
+   r = cqc_arena_r_lookup_stamped (&c->arena, ns_idx, found.key_hash, k->buf, k->len, seen_alloc,
+                                   seen_discard, &copy, &stamp, &cell);
    if (r == CQC_LOOKUP_MISS) {
       c->misses++;
       return CQC_SERVE_MISS;
    }
    /* The causal floor (floor.h): an entry that may be older than what the
     * process has seen is not served. */
-   if (!cqc_floor_allows (&c->floor, db_idx, ns_idx, cell, &stamp, &cov)) {
+   found.value = copy.buf;
+   found.len = copy.len;
+   found.not_found = r == CQC_LOOKUP_NOT_FOUND;
+   if (!cqc_floor_allows (&c->floor, db_idx, ns_idx, cell, &stamp, &cov, &found)) {
       if (r == CQC_LOOKUP_HIT) {
          discard (ctx);
       }
       c->behind++;
       return CQC_SERVE_BEHIND;
    }
-   cqc_floor_served (&c->floor, &c->arena, db_idx, ns_idx, cell, &stamp, &cov);
+   cqc_floor_served (&c->floor, &c->arena, db_idx, ns_idx, cell, &stamp, &cov, &found);
    c->hits++;
    if (r == CQC_LOOKUP_NOT_FOUND) {
       c->not_found_hits++;

@@ -60,21 +60,43 @@ max64 (uint64_t a, uint64_t b)
 }
 
 static void
-seen_add (cqc_seen_t *s, uint64_t ts, uint64_t ns, uint64_t read_id)
+seen_add_result (cqc_seen_t *s, uint64_t ts, uint64_t ns, uint64_t read_id, uint64_t key_hash,
+                 uint64_t value_hash)
 {
    if (read_id && s->read_id == read_id) {
       s->top_ns = max64 (s->top_ns, ns); /* another batch of the same read */
       s->top_ts = max64 (s->top_ts, ts);
+      s->key_hash = s->value_hash = 0; /* no longer one result */
+   } else if (value_hash && s->value_hash == value_hash && s->key_hash == key_hash) {
+      /* The same result of the same key again (a hit of it, another read of
+       * it): (d) treats every read of it alike, so it stays the latest. */
+      s->top_ns = max64 (s->top_ns, ns);
+      s->top_ts = max64 (s->top_ts, ts);
+      s->read_id = read_id;
    } else if (ns >= s->top_ns) {
       s->rest_ns = max64 (s->rest_ns, s->top_ns); /* a newer read: the latest */
       s->rest_ts = max64 (s->rest_ts, s->top_ts);
       s->read_id = read_id;
       s->top_ns = ns;
       s->top_ts = ts;
+      s->key_hash = key_hash;
+      s->value_hash = value_hash;
    } else {
       s->rest_ns = max64 (s->rest_ns, ns); /* an older one */
       s->rest_ts = max64 (s->rest_ts, ts);
    }
+}
+
+static void
+seen_add (cqc_seen_t *s, uint64_t ts, uint64_t ns, uint64_t read_id)
+{
+   seen_add_result (s, ts, ns, read_id, 0, 0);
+}
+
+uint64_t
+cqc_floor_result_hash (const uint8_t *value, size_t len, bool not_found)
+{
+   return not_found ? 0x6e6f6e65ull : cqc_hash_bytes (value, len, 0x72657375ull) | 2u;
 }
 
 static void
@@ -107,7 +129,7 @@ covered (const cqc_floor_t *f, const cqc_covered_t *cov, uint64_t ts, uint64_t n
  * dropping those the stream covers for every entry. */
 static bool
 seen_allows (const cqc_floor_t *f, cqc_seen_t *s, const cqc_stamp_t *stamp,
-             const cqc_covered_t *cov)
+             const cqc_covered_t *cov, cqc_found_t *found)
 {
    uint64_t ns = max64 (s->top_ns, s->rest_ns), ts = max64 (s->top_ts, s->rest_ts);
 
@@ -115,9 +137,19 @@ seen_allows (const cqc_floor_t *f, cqc_seen_t *s, const cqc_stamp_t *stamp,
       *s = (cqc_seen_t){0};
       return true;
    }
-   if (stamp->read_id && s->read_id == stamp->read_id) {
-      ns = s->rest_ns; /* (d): the latest read is the entry's own */
-      ts = s->rest_ts;
+   if (covered (f, cov, s->rest_ts, s->rest_ns, stamp)) {
+      /* (d): the latest read is the entry's own, or returned its bytes */
+      if (stamp->read_id && s->read_id == stamp->read_id) {
+         return true;
+      }
+      if (s->value_hash && found && s->key_hash == found->key_hash) {
+         if (!found->value_hash) {
+            found->value_hash = cqc_floor_result_hash (found->value, found->len, found->not_found);
+         }
+         if (found->value_hash == s->value_hash) {
+            return true;
+         }
+      }
    }
    return covered (f, cov, ts, ns, stamp);
 }
@@ -191,6 +223,14 @@ void
 cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
                    uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns, uint64_t read_id)
 {
+   cqc_floor_observe_result (f, a, scope, db_idx, ns_idx, cell, ts, ns, read_id, 0, 0);
+}
+
+void
+cqc_floor_observe_result (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
+                          uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
+                          uint64_t read_id, uint64_t key_hash, uint64_t value_hash)
+{
    if (db_idx >= f->db_count) {
       return;
    }
@@ -199,10 +239,11 @@ cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_
    if (scope != CQC_SCOPE_DB && ns_idx < f->ns_count) {
       f->ns_db[ns_idx] = db_idx + 1;
       if (scope == CQC_SCOPE_CELL && cell != CQC_NO_CELL) {
-         seen_add (&cell_make (f, a, ns_idx, cell)->seen, ts, ns, read_id);
+         seen_add_result (&cell_make (f, a, ns_idx, cell)->seen, ts, ns, read_id, key_hash,
+                          value_hash);
          seen_add (&f->ns_ids[ns_idx], ts, ns, read_id);
       } else {
-         seen_add (&f->ns[ns_idx], ts, ns, read_id);
+         seen_add_result (&f->ns[ns_idx], ts, ns, read_id, key_hash, value_hash);
       }
       return;
    }
@@ -224,7 +265,7 @@ cqc_floor_covers (const cqc_floor_t *f, const cqc_covered_t *cov, uint64_t ts, u
 
 bool
 cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cell,
-                  const cqc_stamp_t *stamp, const cqc_covered_t *cov)
+                  const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found)
 {
    if (db_idx >= f->db_count || ns_idx >= f->ns_count || f->held[db_idx]) {
       return false;
@@ -234,15 +275,15 @@ cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cel
    if (covered (f, cov, f->db_max_ts[db_idx], f->db_max_ns[db_idx], NULL)) {
       return true;
    }
-   if (!seen_allows (f, &f->db[db_idx], stamp, cov) ||
-       !seen_allows (f, &f->ns[ns_idx], stamp, cov)) {
+   if (!seen_allows (f, &f->db[db_idx], stamp, cov, NULL) ||
+       !seen_allows (f, &f->ns[ns_idx], stamp, cov, found)) {
       return false;
    }
    if (cell == CQC_NO_CELL) {
-      return seen_allows (f, &f->ns_ids[ns_idx], stamp, cov);
+      return seen_allows (f, &f->ns_ids[ns_idx], stamp, cov, NULL);
    }
    cqc_cell_seen_t *c = cell_find (f, ns_idx, cell);
-   if (c && !seen_allows (f, &c->seen, stamp, cov)) {
+   if (c && !seen_allows (f, &c->seen, stamp, cov, found)) {
       return false;
    }
    if (c && !c->seen.top_ns && !c->seen.top_ts && !c->seen.rest_ns && !c->seen.rest_ts) {
@@ -253,12 +294,16 @@ cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cel
 
 void
 cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
-                  uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov)
+                  uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov,
+                  cqc_found_t *found)
 {
    if (covered (f, cov, stamp->end_ts, stamp->end_ns, NULL)) {
       return; /* what it read, the stream has applied (or it has no stamp) */
    }
-   cqc_floor_observe (f, a, cell == CQC_NO_CELL ? CQC_SCOPE_NS : CQC_SCOPE_CELL, db_idx,
-                      ns_idx, cell, stamp->end_ts ? stamp->end_ts : 1, stamp->end_ns,
-                      stamp->read_id);
+   if (!found->value_hash) {
+      found->value_hash = cqc_floor_result_hash (found->value, found->len, found->not_found);
+   }
+   cqc_floor_observe_result (f, a, cell == CQC_NO_CELL ? CQC_SCOPE_NS : CQC_SCOPE_CELL, db_idx,
+                             ns_idx, cell, stamp->end_ts ? stamp->end_ts : 1, stamp->end_ns,
+                             stamp->read_id, found->key_hash, found->value_hash);
 }

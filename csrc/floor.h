@@ -28,7 +28,9 @@
  *   (c) on a deployment of one member: the entry's read began after O's
  *       reply (stamp.start_ns >= O's ns): its snapshot is at least O's;
  *   (d) O is a batch of the entry's own read (same read id): the entry holds
- *       what that read returned.
+ *       what that read returned; or O's read returned one result of the
+ *       entry's key, byte for byte the entry's (another read of the same
+ *       result, by another worker or before the entry was renewed).
  * So the process never reads a version older than one it has already been
  * given. Per scope the observations are folded into a cqc_seen_t: the
  * latest read's bounds and the highest of all other reads' (which (d)
@@ -56,6 +58,8 @@
 /* The observations of one scope, folded. */
 typedef struct {
    uint64_t read_id; /* the latest observation's read (0: none) */
+   uint64_t key_hash;   /* that read's key and result (cqc_floor_result_hash), */
+   uint64_t value_hash; /* 0 when not one result of one key */
    uint64_t top_ns;  /* its bounds (and of every earlier batch of that read) */
    uint64_t top_ts;
    uint64_t rest_ns; /* the highest bounds of every other read's */
@@ -101,6 +105,15 @@ void cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_
                         uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
                         uint64_t read_id);
 
+/* The same for a read that returned one whole result of one key: (d)
+ * then also serves another read's entry holding exactly that result. */
+void cqc_floor_observe_result (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
+                               uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
+                               uint64_t read_id, uint64_t key_hash, uint64_t value_hash);
+
+/* A result's fingerprint for (d): of its bytes, or of "not found". */
+uint64_t cqc_floor_result_hash (const uint8_t *value, size_t len, bool not_found);
+
 /* Refuse every entry of the database (held) or stop refusing them: a
  * transaction of this process wrote there and has not ended. */
 void cqc_floor_hold (cqc_floor_t *f, uint32_t db_idx, bool held);
@@ -118,13 +131,24 @@ void cqc_floor_covered (const cqc_arena_t *a, uint32_t db_idx, cqc_covered_t *co
 /* Whether the rule above lets the process be served an entry of ns_idx
  * (identity cell `cell`, or CQC_NO_CELL) read as `stamp`, with `cov`
  * loaded before the lookup that found it. */
+/* What a lookup found, for (d): its key's hash and its bytes (the
+ * lookup's private copy), hashed only when needed. */
+typedef struct {
+   uint64_t key_hash;
+   const uint8_t *value;
+   size_t len;
+   bool not_found;
+   uint64_t value_hash; /* 0: not computed yet */
+} cqc_found_t;
+
 bool cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cell,
-                       const cqc_stamp_t *stamp, const cqc_covered_t *cov);
+                       const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found);
 
 /* A hit of that entry was served: observe what its read saw (nothing to
  * record when cov already covers it). */
 void cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
-                       uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov);
+                       uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov,
+                       cqc_found_t *found);
 
 /* Whether an observation bounded by (ts, ns), e.g. an after() token taken
  * at ns, is covered by the database's stream as cov says. */

@@ -645,6 +645,46 @@ Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    Py_RETURN_NONE;
 }
 
+/* observe_result(db_idx, ns_idx, kind, filter_bson, rest, value_or_None,
+ * cluster_time, monotonic_ns, read_id): observe (SCOPE_CELL) a read that
+ * returned one whole result of the key (kind, filter, rest): floor.h's (d)
+ * then also serves another read's entry of that key holding those bytes. */
+static PyObject *
+Cache_observe_result (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+   uint32_t db_idx, ns_idx, kind, cell = CQC_NO_CELL;
+   uint64_t ts, ns, read_id, id_hash, key_hash = 0, value_hash;
+   Py_buffer b[3] = {{0}}; /* filter, rest, value */
+   PyObject *res = NULL;
+   cqc_key_t k;
+
+   if (!check_args (nargs, 9, 9, "observe_result") || !check_usable (self, USE) ||
+       !PARSE_DB (args[0], &db_idx) || !PARSE_NS (args[1], &ns_idx) ||
+       !parse_idx (args[2], &kind, 256, "kind") || !parse_u64 (args[6], &ts) ||
+       !parse_u64 (args[7], &ns) || !parse_u64 (args[8], &read_id)) {
+      return NULL;
+   }
+   if (!get_buffer (args[3], &b[0], "filter") || !get_buffer (args[4], &b[1], "rest") ||
+       (args[5] != Py_None && !get_buffer (args[5], &b[2], "value")) ||
+       !set_key_error (cqc_key_build (&k, (uint8_t) kind, ns_idx, b[0].buf, (uint32_t) b[0].len,
+                                      b[1].buf, (uint32_t) b[1].len))) {
+      goto cleanup;
+   }
+   key_hash = cqc_hash_bytes (k.buf, k.len, 0);
+   cqc_key_free (&k);
+   value_hash = cqc_floor_result_hash (b[2].buf, (size_t) b[2].len, b[2].obj == NULL);
+   if (cqc_filter_identity (b[0].buf, (uint32_t) b[0].len, &id_hash)) {
+      cell = cqc_id_cell (id_hash, ns_idx, self->c.arena.geo.idgen_count);
+   }
+   cqc_floor_observe_result (&self->c.floor, &self->c.arena,
+                             cell == CQC_NO_CELL ? CQC_SCOPE_NS : CQC_SCOPE_CELL, db_idx, ns_idx,
+                             cell, ts ? ts : 1, ns, read_id, key_hash, value_hash);
+   res = Py_NewRef (Py_None);
+cleanup:
+   release_buffers (b, 3);
+   return res;
+}
+
 /* set_ordered(ordered): the deployment is known to have one member, where
  * a read that began after another ended read at least what it read
  * (floor.h (b) and (c)). */
@@ -850,6 +890,8 @@ static PyMethodDef Cache_methods[] = {
    FASTCALL (observe, "observe(scope, db_idx, ns_idx, filter_or_None, cluster_time, monotonic_ns, "
                       "read_id): the floor."),
    FASTCALL (covers, "covers(db_idx, cluster_time, monotonic_ns) -> bool."),
+   FASTCALL (observe_result, "observe_result(db_idx, ns_idx, kind, filter, rest, value_or_None, "
+                             "cluster_time, monotonic_ns, read_id)."),
    FASTCALL (peek, "peek(ns_idx, kind, filter, rest) -> (value, end_ns, end_ts, read_id) or None."),
    METHOD (set_ordered, METH_O, "set_ordered(ordered): the deployment has one member."),
    FASTCALL (hold, "hold(db_idx, held): refuse the database's entries (a transaction)."),

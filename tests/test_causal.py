@@ -699,3 +699,49 @@ def test_a_hit_on_another_workers_newer_entry_holds_back_an_older_own_entry(
             assert ca.find_one({"_id": 1})["v"] == 2
             assert a.snapshot().hits == hits + 1  # B's entry, served to A
             assert ca.find_one({"k": "a"})["v"] == 2
+
+
+def test_a_workers_read_is_served_from_another_workers_entry_of_the_same_result(
+    server_uri, client, db_name, proxy, runtime_dir
+):
+    # Shared cache: worker A's miss of document 1 is in flight (held right
+    # after its reply) when worker B misses it too, reads the same version
+    # and its entry reaches the arena first; A's identical admission leaves
+    # B's entry. A then reads document 1 again: the entry holds exactly what
+    # A's own read returned, so it is served (no write in between can make it
+    # older than what A saw), without waiting for the stream.
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1})
+    gate = _FindGate()
+    owner = SharedCache.start(f"cqc-{uuid.uuid4().hex[:12]}", proxy.uri, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    seeds = f"{urlsplit(server_uri).netloc},{urlsplit(proxy.uri).netloc}"
+    clients = [pymongo.MongoClient(f"mongodb://{seeds}/", event_listeners=[gate]), pymongo.MongoClient(f"mongodb://{seeds}/")]
+    managers = [CacheManager(c, shared=owner.name, max_await_time_ms=TEST_MAX_AWAIT_MS) for c in clients]
+    try:
+        a, b = managers
+        ca, cb = (ready_collection(m, db_name, "items") for m in managers)
+        for coll in (ca, cb):
+            assert coll.find_one({"_id": 99}) is None  # the collection is probed
+        wait_until(stream_passed_now(a, db_name), what="A's stream passes the probes")
+        got: dict[str, Any] = {}
+        reader = threading.Thread(target=lambda: got.setdefault("a", ca.find_one({"_id": 1})))
+        with _held(proxy):
+            reached, release = gate.arm(reader)
+            try:
+                reader.start()
+                assert reached.wait(DEADLINE_S)
+                assert cb.find_one({"_id": 1})["v"] == 1
+                wait_until(lambda: owner.snapshot()["admissions_accepted"] == 3, what="B's entry is in the arena")
+            finally:
+                release.set()
+            reader.join(DEADLINE_S)
+            assert got["a"]["v"] == 1
+            wait_until(lambda: owner.snapshot()["admissions_accepted"] == 4, what="A's admission is applied")
+            hits = a.snapshot().hits
+            assert ca.find_one({"_id": 1})["v"] == 1
+            assert a.snapshot().hits == hits + 1
+    finally:
+        for m in managers:
+            m.close()
+        for c in clients:
+            c.close()
+        owner.stop(timeout=10)

@@ -183,6 +183,24 @@ class Cache:
         client's cluster time ``(seconds << 32) | increment`` and
         CLOCK_MONOTONIC after its reply, made by read ``read_id``."""
 
+    def observe_result(
+        self,
+        db_idx: int,
+        ns_idx: int,
+        kind: int,
+        filter: Buffer,
+        rest: Buffer,
+        value: Buffer | None,
+        cluster_time: int,
+        monotonic_ns: int,
+        read_id: int,
+        /,
+    ) -> None:
+        """``observe`` of a read that returned one whole result of a key (an
+        identity cell's scope for ``{"_id": v}``, else the namespace's):
+        another read's entry of that key holding exactly ``value`` (None:
+        "not found") counts as this read's own."""
+
     def set_ordered(self, ordered: bool, /) -> None:
         """The deployment is known to have one member: reads are ordered in
         real time (floor.h (b), (c))."""

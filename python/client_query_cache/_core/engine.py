@@ -398,14 +398,17 @@ class Engine:
         filter_bytes: bytes | None = None,
         value: int | None = None,
         at: int | None = None,
+        result: tuple[int, bytes, bytes | None] | None = None,
     ) -> tuple[int, int]:
         """Something of ``db`` came back from MongoDB (floor.h): of the
         whole database (``ns`` None), of namespace ``ns``, or of the one
         document ``filter_bytes`` (``{"_id": v}``) of it. Bounded by the
         client's cluster time (or ``value``, an operationTime) and
-        CLOCK_MONOTONIC now (or ``at``); returns those bounds. Never raises
-        (it runs after the caller's operation, whose own result or error
-        must stand)."""
+        CLOCK_MONOTONIC now (or ``at``); returns those bounds. ``result``:
+        (kind, rest, value) of a read that returned one whole result of the
+        key (kind, ``filter_bytes``, rest) (Cache.observe_result). Never
+        raises (it runs after the caller's operation, whose own result or
+        error must stand)."""
         ts = max(self._clock() if value is None else value, 1)
         now = time.monotonic_ns() if at is None else at
         self.ordered  # noqa: B018 - learn it as soon as the client knows
@@ -422,7 +425,11 @@ class Engine:
             scope = _native.SCOPE_NS if filter_bytes is None else _native.SCOPE_CELL
             ns_idx = ns.ns_idx
         with contextlib.suppress(CacheClosedError, CacheForkedError):
-            native.observe(scope, db_idx, ns_idx, filter_bytes, ts, now, read_id)
+            if result is not None and ns is not None and filter_bytes is not None:
+                kind, rest, found = result
+                native.observe_result(db_idx, ns_idx, kind, filter_bytes, rest, found, ts, now, read_id)
+            else:
+                native.observe(scope, db_idx, ns_idx, filter_bytes, ts, now, read_id)
         return ts, now
 
     def client_time(self) -> int:

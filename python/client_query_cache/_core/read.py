@@ -375,7 +375,7 @@ class CollectionCore(CoreBase):
             value = bson.encode({"v": result}, codec_options=_VALUES_CODEC)
         else:
             value = bson.encode({"n": result})
-        seen = self.observe_read(step, plan, at, value if step.prior is None or value is None else bytes(value))
+        seen = self.observe_read(step, plan, at, None if value is None else bytes(value), -1)
         rebind = (
             value is not None
             and plan.unique_fields is not None
@@ -439,7 +439,7 @@ class CollectionCore(CoreBase):
         self, step: Step, plan: ReadPlan, at: int | None = None, result: Any = _WHOLE, offset: int = 0
     ) -> tuple[int, int]:
         """A miss's read (or one batch of it: ``result``'s bytes at
-        ``offset`` of the whole) came back: an observation of the one
+        ``offset`` of the whole; -1: ``result`` is the whole) came back: an observation of the one
         document of a read by ``{"_id": v}`` (the C core tells it from the
         filter, as it tells identity entries), else of the namespace.
         Returns the read's bounds (for its stamp). A read the floor sent
@@ -452,7 +452,8 @@ class CollectionCore(CoreBase):
             self.engine.observe(self._db_name, prior[3], self.ns, plan.filter_bytes, prior[2], prior[1])
             return self.engine.client_time(), at
         step.prior = None  # it differs: every later part is observed anew
-        return self.engine.observe(self._db_name, step.read_id, self.ns, plan.filter_bytes, at=at)
+        whole = (plan.kind, plan.rest, result) if result is not _WHOLE and offset == -1 else None
+        return self.engine.observe(self._db_name, step.read_id, self.ns, plan.filter_bytes, at=at, result=whole)
 
     def observe_written(self, pipeline: Any) -> None:
         """An aggregation ``pipeline`` of this collection ran (a bypass): the
@@ -491,9 +492,11 @@ class CollectionCore(CoreBase):
 
 def _same_part(entry: bytes | None, part: Any, offset: int) -> bool:
     """Whether ``part`` (bytes, or None for "not found") is what ``entry``
-    holds at ``offset`` (the whole of it for "not found")."""
+    holds at ``offset`` (-1: ``part`` is the whole result)."""
     if entry is None or part is None:
         return entry is None and part is None
+    if offset < 0:
+        return entry == part
     return entry[offset : offset + len(part)] == part
 
 
