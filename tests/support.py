@@ -89,6 +89,21 @@ def stream_passed_now(manager: CacheManager | AsyncCacheManager, database: str) 
     return lambda: engine.after_allows(engine._db_idx[database], token)
 
 
+def event_time(coll: Any, write: Callable[[], Any]) -> Any:
+    """Make one write to ``coll`` (a PyMongo collection) and return the
+    cluster time of its change event, which the cache's applied time reaches
+    once it has applied it. (The write's operationTime can lie past it: the
+    test server mints cluster times for hellos and empty stream batches.)"""
+    with coll.watch(max_await_time_ms=200) as stream:
+        write()
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            change = stream.try_next()
+            if change is not None:
+                return change["clusterTime"]
+    raise AssertionError(f"no change event of {coll.full_name} within {DEADLINE_S:g} s")
+
+
 def settled(manager: CacheManager, database: str) -> None:
     """Wait until ``database``'s stream has covered everything the process
     observed until now: each of a burst of misses in one collection may have

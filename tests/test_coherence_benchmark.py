@@ -185,7 +185,7 @@ def test_write_times_gives_each_update_its_operation_time(server_uri: str, db_na
 def test_applied_time_reaches_each_acknowledged_write_and_never_moves_back(
     manager, client, db_name: str
 ) -> None:
-    from support import ready_collection, stream_of, wait_until
+    from support import event_time, ready_collection, stream_of, wait_until
 
     coll = ready_collection(manager, db_name, "c")
     start = stream_of(manager, db_name).applied_time
@@ -193,8 +193,10 @@ def test_applied_time_reaches_each_acknowledged_write_and_never_moves_back(
     seen = start
     with client.start_session(causal_consistency=False) as session:
         for v in range(3):
-            client[db_name]["c"].update_one({"_id": 1}, {"$set": {"v": v}}, upsert=True, session=session)
-            written = session.operation_time
+            written = event_time(
+                client[db_name]["c"],
+                lambda v=v: client[db_name]["c"].update_one({"_id": 1}, {"$set": {"v": v}}, upsert=True, session=session),
+            )
             assert written > start
             # Reading the entry proves nothing yet; the applied time must
             # reach the write's own cluster time once its event is applied.

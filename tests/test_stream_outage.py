@@ -15,7 +15,16 @@ from pymongo.errors import ConnectionFailure, ServerSelectionTimeoutError
 
 from client_query_cache import CacheManager, StreamState
 from client_query_cache.testing import DisposableServer, external_uri
-from support import STALL_BOUND_S, STREAM_APP_NAME, TEST_MAX_AWAIT_MS, ready_collection, served, stream_of, wait_until
+from support import (
+    STALL_BOUND_S,
+    STREAM_APP_NAME,
+    TEST_MAX_AWAIT_MS,
+    event_time,
+    ready_collection,
+    served,
+    stream_of,
+    wait_until,
+)
 
 needs_local_server = pytest.mark.skipif(
     external_uri() is not None,
@@ -122,9 +131,7 @@ def test_a_stopped_server_makes_reads_bypass_within_the_stall_bound_and_caching_
                 timeout=30,
                 what="the stream serves again after restart",
             )
-            with writer.start_session(causal_consistency=False) as session:
-                writer.outage.items.update_one({"_id": 1}, {"$set": {"v": 2}}, session=session)
-                written = session.operation_time
+            written = event_time(writer.outage.items, lambda: writer.outage.items.update_one({"_id": 1}, {"$set": {"v": 2}}))
 
             # The resumed stream delivers the write; once the cache has applied
             # it, the old version is never served again.
