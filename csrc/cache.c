@@ -406,17 +406,20 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
    }
    /* The causal floor (floor.h): an entry that may be older than what the
     * process has seen is not served. */
+   found.key = k->buf;
+   found.key_len = k->len;
+   found.identity = cell != CQC_NO_CELL;
    found.value = copy.buf;
    found.len = copy.len;
    found.not_found = r == CQC_LOOKUP_NOT_FOUND;
-   if (!cqc_floor_allows (&c->floor, db_idx, ns_idx, cell, &stamp, &cov, &found)) {
+   if (!cqc_floor_allows (&c->floor, db_idx, ns_idx, &stamp, &cov, &found)) {
       if (r == CQC_LOOKUP_HIT) {
          discard (ctx);
       }
       c->behind++;
       return CQC_SERVE_BEHIND;
    }
-   cqc_floor_served (&c->floor, &c->arena, db_idx, ns_idx, cell, &stamp, &cov, &found);
+   cqc_floor_served (&c->floor, &c->arena, db_idx, ns_idx, &stamp, &cov, &found);
    c->hits++;
    if (r == CQC_LOOKUP_NOT_FOUND) {
       c->not_found_hits++;

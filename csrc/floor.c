@@ -155,42 +155,42 @@ seen_allows (const cqc_floor_t *f, cqc_seen_t *s, const cqc_stamp_t *stamp,
 }
 
 /* ======================================================================== */
-/* Identity cells                                                           */
+/* Identities                                                               */
 /* ======================================================================== */
 
 static cqc_cell_seen_t *
-cell_bucket (cqc_floor_t *f, uint32_t ns_idx, uint32_t cell)
+cell_bucket (cqc_floor_t *f, uint32_t ns_idx, uint64_t id_hash)
 {
-   uint64_t h = ((uint64_t) ns_idx << 32 | cell) * 0x9e3779b97f4a7c15ull;
+   uint64_t h = (id_hash ^ ((uint64_t) ns_idx * 0xc2b2ae3d27d4eb4full)) * 0x9e3779b97f4a7c15ull;
 
    return &f->cells[(h >> 40) % CQC_SEEN_BUCKETS * CQC_SEEN_WAYS];
 }
 
 static cqc_cell_seen_t *
-cell_find (cqc_floor_t *f, uint32_t ns_idx, uint32_t cell)
+cell_find (cqc_floor_t *f, uint32_t ns_idx, uint64_t id_hash)
 {
-   cqc_cell_seen_t *b = cell_bucket (f, ns_idx, cell);
+   cqc_cell_seen_t *b = cell_bucket (f, ns_idx, id_hash);
    uint32_t w;
 
    for (w = 0; w < CQC_SEEN_WAYS; w++) {
-      if (b[w].used && b[w].ns_idx == ns_idx && b[w].cell == cell) {
+      if (b[w].used && b[w].ns_idx == ns_idx && b[w].id_hash == id_hash) {
          return &b[w];
       }
    }
    return NULL;
 }
 
-/* The cell's record, made if needed. A full bucket gives up a way: one the
- * stream has covered, else the next in turn, whose observations then bind
- * its whole namespace (never fewer entries than before). */
+/* The identity's record, made if needed. A full bucket gives up a way: one
+ * the stream has covered, else the next in turn, whose observations then
+ * bind its whole namespace (never fewer entries than before). */
 static cqc_cell_seen_t *
-cell_make (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t cell)
+cell_make (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint64_t id_hash)
 {
-   cqc_cell_seen_t *b = cell_bucket (f, ns_idx, cell), *slot;
+   cqc_cell_seen_t *b = cell_bucket (f, ns_idx, id_hash), *slot;
    cqc_covered_t cov;
    uint32_t w;
 
-   if ((slot = cell_find (f, ns_idx, cell))) {
+   if ((slot = cell_find (f, ns_idx, id_hash))) {
       return slot;
    }
    for (w = 0; w < CQC_SEEN_WAYS; w++) {
@@ -211,8 +211,34 @@ cell_make (cqc_floor_t *f, const cqc_arena_t *a, uint32_t ns_idx, uint32_t cell)
    w = f->cell_next++ % CQC_SEEN_WAYS;
    seen_merge (&f->ns[b[w].ns_idx], &b[w].seen);
 found:
-   b[w] = (cqc_cell_seen_t){.ns_idx = ns_idx, .cell = cell, .used = 1};
+   b[w] = (cqc_cell_seen_t){.ns_idx = ns_idx, .id_hash = id_hash, .used = 1};
    return &b[w];
+}
+
+/* The _id of an identity entry, from its key's filter: false when it is not
+ * one (or no longer parses as one: then the namespace's identity
+ * observations, a superset, bind it). */
+static bool
+found_id (cqc_found_t *found)
+{
+   uint32_t flen;
+
+   if (!found->identity) {
+      return false;
+   }
+   if (!found->id_known) {
+      found->id_known = true;
+      if (found->key_len < CQC_KEY_FIXED) {
+         found->identity = false;
+         return false;
+      }
+      memcpy (&flen, found->key + 5, 4);
+      if (flen > found->key_len - CQC_KEY_FIXED ||
+          !cqc_filter_identity (found->key + CQC_KEY_FIXED, flen, &found->id_hash)) {
+         found->identity = false;
+      }
+   }
+   return found->identity;
 }
 
 /* ======================================================================== */
@@ -221,14 +247,14 @@ found:
 
 void
 cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
-                   uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns, uint64_t read_id)
+                   uint32_t ns_idx, uint64_t id_hash, uint64_t ts, uint64_t ns, uint64_t read_id)
 {
-   cqc_floor_observe_result (f, a, scope, db_idx, ns_idx, cell, ts, ns, read_id, 0, 0);
+   cqc_floor_observe_result (f, a, scope, db_idx, ns_idx, id_hash, ts, ns, read_id, 0, 0);
 }
 
 void
 cqc_floor_observe_result (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
-                          uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
+                          uint32_t ns_idx, uint64_t id_hash, uint64_t ts, uint64_t ns,
                           uint64_t read_id, uint64_t key_hash, uint64_t value_hash)
 {
    if (db_idx >= f->db_count) {
@@ -238,8 +264,8 @@ cqc_floor_observe_result (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint3
    f->db_max_ns[db_idx] = max64 (f->db_max_ns[db_idx], ns);
    if (scope != CQC_SCOPE_DB && ns_idx < f->ns_count) {
       f->ns_db[ns_idx] = db_idx + 1;
-      if (scope == CQC_SCOPE_CELL && cell != CQC_NO_CELL) {
-         seen_add_result (&cell_make (f, a, ns_idx, cell)->seen, ts, ns, read_id, key_hash,
+      if (scope == CQC_SCOPE_CELL) {
+         seen_add_result (&cell_make (f, a, ns_idx, id_hash)->seen, ts, ns, read_id, key_hash,
                           value_hash);
          seen_add (&f->ns_ids[ns_idx], ts, ns, read_id);
       } else {
@@ -264,8 +290,8 @@ cqc_floor_covers (const cqc_floor_t *f, const cqc_covered_t *cov, uint64_t ts, u
 }
 
 bool
-cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cell,
-                  const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found)
+cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, const cqc_stamp_t *stamp,
+                  const cqc_covered_t *cov, cqc_found_t *found)
 {
    if (db_idx >= f->db_count || ns_idx >= f->ns_count || f->held[db_idx]) {
       return false;
@@ -279,10 +305,10 @@ cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cel
        !seen_allows (f, &f->ns[ns_idx], stamp, cov, found)) {
       return false;
    }
-   if (cell == CQC_NO_CELL) {
+   if (!found_id (found)) {
       return seen_allows (f, &f->ns_ids[ns_idx], stamp, cov, NULL);
    }
-   cqc_cell_seen_t *c = cell_find (f, ns_idx, cell);
+   cqc_cell_seen_t *c = cell_find (f, ns_idx, found->id_hash);
    if (c && !seen_allows (f, &c->seen, stamp, cov, found)) {
       return false;
    }
@@ -294,16 +320,18 @@ cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cel
 
 void
 cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
-                  uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov,
-                  cqc_found_t *found)
+                  const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found)
 {
+   bool identity;
+
    if (covered (f, cov, stamp->end_ts, stamp->end_ns, NULL)) {
       return; /* what it read, the stream has applied (or it has no stamp) */
    }
    if (!found->value_hash) {
       found->value_hash = cqc_floor_result_hash (found->value, found->len, found->not_found);
    }
-   cqc_floor_observe_result (f, a, cell == CQC_NO_CELL ? CQC_SCOPE_NS : CQC_SCOPE_CELL, db_idx,
-                             ns_idx, cell, stamp->end_ts ? stamp->end_ts : 1, stamp->end_ns,
-                             stamp->read_id, found->key_hash, found->value_hash);
+   identity = found_id (found);
+   cqc_floor_observe_result (f, a, identity ? CQC_SCOPE_CELL : CQC_SCOPE_NS, db_idx, ns_idx,
+                             identity ? found->id_hash : 0, stamp->end_ts ? stamp->end_ts : 1,
+                             stamp->end_ns, stamp->read_id, found->key_hash, found->value_hash);
 }

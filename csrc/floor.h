@@ -7,9 +7,11 @@
  * is an observation: a miss's read (each batch of it), a bypass, a write,
  * a command a CausalListener reports, and a hit (of what the entry's read
  * saw). Each has a scope, the entries whose result it may contradict:
- *   - an identity cell of a namespace (a read or a write of {"_id": v}, a
- *     hit of an identity entry): that cell's identity entries, and every
- *     entry of the namespace that is not an identity entry;
+ *   - an identity of a namespace (a read or a write of {"_id": v}, a hit
+ *     of an identity entry): the identity entries of that _id (by the
+ *     value's 64-bit hash, not the arena's shared invalidation cell: a read
+ *     of one document says nothing of another's), and every entry of the
+ *     namespace that is not an identity entry;
  *   - a namespace (any other read or write of it): all its entries;
  *   - a database (a command whose namespace is not known, a transaction's
  *     commit, a pipeline writing into it): all its entries.
@@ -66,12 +68,11 @@ typedef struct {
    uint64_t rest_ts;
 } cqc_seen_t;
 
-/* An identity cell's observations. */
+/* An identity's observations (the _id value's hash, cqc_filter_identity). */
 typedef struct {
+   uint64_t id_hash;
    uint32_t ns_idx;
-   uint32_t cell;
    uint32_t used;
-   uint32_t pad_;
    cqc_seen_t seen;
 } cqc_cell_seen_t;
 
@@ -100,15 +101,16 @@ bool cqc_floor_init (cqc_floor_t *f, uint32_t db_count, uint32_t ns_count);
 void cqc_floor_free (cqc_floor_t *f);
 
 /* Record an observation (see above): of a database, a namespace (ns_idx),
- * or an identity cell of it (cell). `ts` must not be 0. */
+ * or an identity of it (CQC_SCOPE_CELL: the _id's hash, id_hash). `ts` must
+ * not be 0. */
 void cqc_floor_observe (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
-                        uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
+                        uint32_t ns_idx, uint64_t id_hash, uint64_t ts, uint64_t ns,
                         uint64_t read_id);
 
 /* The same for a read that returned one whole result of one key: (d)
  * then also serves another read's entry holding exactly that result. */
 void cqc_floor_observe_result (cqc_floor_t *f, const cqc_arena_t *a, int scope, uint32_t db_idx,
-                               uint32_t ns_idx, uint32_t cell, uint64_t ts, uint64_t ns,
+                               uint32_t ns_idx, uint64_t id_hash, uint64_t ts, uint64_t ns,
                                uint64_t read_id, uint64_t key_hash, uint64_t value_hash);
 
 /* A result's fingerprint for (d): of its bytes, or of "not found". */
@@ -128,12 +130,15 @@ typedef struct {
 
 void cqc_floor_covered (const cqc_arena_t *a, uint32_t db_idx, cqc_covered_t *cov);
 
-/* Whether the rule above lets the process be served an entry of ns_idx
- * (identity cell `cell`, or CQC_NO_CELL) read as `stamp`, with `cov`
- * loaded before the lookup that found it. */
-/* What a lookup found, for (d): its key's hash and its bytes (the
- * lookup's private copy), hashed only when needed. */
+/* What a lookup found: its key (keys.h) and that key's hash, for (d) its
+ * bytes (the lookup's private copy), and whether it is an identity entry;
+ * the value's and the _id's hashes are computed only when needed. */
 typedef struct {
+   const uint8_t *key;
+   uint32_t key_len;
+   bool identity;
+   bool id_known; /* id_hash computed (identity stays true if it parsed) */
+   uint64_t id_hash;
    uint64_t key_hash;
    const uint8_t *value;
    size_t len;
@@ -141,14 +146,15 @@ typedef struct {
    uint64_t value_hash; /* 0: not computed yet */
 } cqc_found_t;
 
-bool cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, uint32_t cell,
+/* Whether the rule above lets the process be served the entry `found` of
+ * ns_idx, read as `stamp`, with `cov` loaded before the lookup. */
+bool cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx,
                        const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found);
 
 /* A hit of that entry was served: observe what its read saw (nothing to
  * record when cov already covers it). */
 void cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
-                       uint32_t cell, const cqc_stamp_t *stamp, const cqc_covered_t *cov,
-                       cqc_found_t *found);
+                       const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found);
 
 /* Whether an observation bounded by (ts, ns), e.g. an after() token taken
  * at ns, is covered by the database's stream as cov says. */

@@ -615,8 +615,8 @@ Cache_register (CacheObject *self, PyObject *args)
 static PyObject *
 Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-   uint32_t scope, db_idx, ns_idx, cell = CQC_NO_CELL;
-   uint64_t ts, ns, read_id, id_hash;
+   uint32_t scope, db_idx, ns_idx;
+   uint64_t ts, ns, read_id, id_hash = 0;
    Py_buffer fb = {0};
 
    if (!check_args (nargs, 7, 7, "observe") || !check_usable (self, USE) ||
@@ -632,15 +632,13 @@ Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
          }
          scope = CQC_SCOPE_NS;
       } else {
-         if (cqc_filter_identity (fb.buf, (uint32_t) fb.len, &id_hash)) {
-            cell = cqc_id_cell (id_hash, ns_idx, self->c.arena.geo.idgen_count);
-         } else {
+         if (!cqc_filter_identity (fb.buf, (uint32_t) fb.len, &id_hash)) {
             scope = CQC_SCOPE_NS;
          }
          PyBuffer_Release (&fb);
       }
    }
-   cqc_floor_observe (&self->c.floor, &self->c.arena, (int) scope, db_idx, ns_idx, cell,
+   cqc_floor_observe (&self->c.floor, &self->c.arena, (int) scope, db_idx, ns_idx, id_hash,
                       ts ? ts : 1, ns, read_id);
    Py_RETURN_NONE;
 }
@@ -652,8 +650,9 @@ Cache_observe (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 Cache_observe_result (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-   uint32_t db_idx, ns_idx, kind, cell = CQC_NO_CELL;
-   uint64_t ts, ns, read_id, id_hash, key_hash = 0, value_hash;
+   uint32_t db_idx, ns_idx, kind;
+   uint64_t ts, ns, read_id, id_hash = 0, key_hash = 0, value_hash;
+   bool identity;
    Py_buffer b[3] = {{0}}; /* filter, rest, value */
    PyObject *res = NULL;
    cqc_key_t k;
@@ -673,12 +672,10 @@ Cache_observe_result (CacheObject *self, PyObject *const *args, Py_ssize_t nargs
    key_hash = cqc_hash_bytes (k.buf, k.len, 0);
    cqc_key_free (&k);
    value_hash = cqc_floor_result_hash (b[2].buf, (size_t) b[2].len, b[2].obj == NULL);
-   if (cqc_filter_identity (b[0].buf, (uint32_t) b[0].len, &id_hash)) {
-      cell = cqc_id_cell (id_hash, ns_idx, self->c.arena.geo.idgen_count);
-   }
+   identity = cqc_filter_identity (b[0].buf, (uint32_t) b[0].len, &id_hash);
    cqc_floor_observe_result (&self->c.floor, &self->c.arena,
-                             cell == CQC_NO_CELL ? CQC_SCOPE_NS : CQC_SCOPE_CELL, db_idx, ns_idx,
-                             cell, ts ? ts : 1, ns, read_id, key_hash, value_hash);
+                             identity ? CQC_SCOPE_CELL : CQC_SCOPE_NS, db_idx, ns_idx, id_hash,
+                             ts ? ts : 1, ns, read_id, key_hash, value_hash);
    res = Py_NewRef (Py_None);
 cleanup:
    release_buffers (b, 3);
