@@ -203,7 +203,10 @@ def _pytest_ini(path: Path) -> None:
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     lines = ["[pytest]"]
     for key, value in options.items():
-        lines.append(f"{key} = {' '.join(value) if isinstance(value, list) else value}")
+        if isinstance(value, list):  # one item a line (markers carry spaces)
+            lines.append(f"{key} =" + "".join(f"\n    {item}" for item in value))
+        else:
+            lines.append(f"{key} = {value}")
     path.write_text("\n".join(lines) + "\n")
 
 
