@@ -5,7 +5,11 @@ libmongoc, libbson and OpenSSL inside its extension.
 - ``python -m pytest -p installed_wheel``: a pytest plugin that checks the
   process running the suite at its start and again at its end (after every
   test has loaded and used the extension), prints the findings under the
-  summary, and fails the run if a check fails.
+  summary, and fails the run if a check fails. Under pytest-xdist (``-n``)
+  every worker process, which is where the tests run, is checked at its
+  start and end too: each reports its findings to the controlling process,
+  which prints them and fails the run if a worker's check failed or a
+  worker reported none.
 
 The checks: ``client_query_cache`` and its ``_native`` extension are imported
 from this interpreter's site-packages (not from a source tree); ``ldd`` of the
@@ -96,6 +100,14 @@ def check() -> list[str]:
 # -- pytest plugin ---------------------------------------------------------------
 
 _findings: dict[str, list[str]] = {}
+#: Under pytest-xdist, in the controlling process: each worker's findings
+#: (what it put in config.workeroutput), by worker id.
+_worker_findings: dict[str, dict[str, object]] = {}
+_workers_down: list[str] = []
+
+
+def _is_xdist_worker(config) -> bool:  # type: ignore[no-untyped-def]
+    return hasattr(config, "workerinput")
 
 
 def pytest_sessionstart(session) -> None:  # type: ignore[no-untyped-def]
@@ -108,11 +120,47 @@ def pytest_sessionstart(session) -> None:  # type: ignore[no-untyped-def]
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # type: ignore[no-untyped-def]
+    failed = False
     try:
         _findings["end"] = check()
     except NotFromWheel as e:
         _findings["end"] = [f"FAILED: {e}"]
+        failed = True
+    config = session.config
+    if _is_xdist_worker(config):
+        # Sent to the controlling process with the worker's last event
+        # (xdist's own pytest_sessionfinish wraps this hook and sends after it).
+        config.workeroutput["installed_wheel"] = {"findings": dict(_findings), "failed": failed}
+    else:
+        for worker in _workers_down:
+            report = _worker_findings.get(worker)
+            if report is None:
+                _findings[f"end of worker {worker}"] = ["FAILED: the worker reported no findings"]
+                failed = True
+            elif report["failed"]:
+                failed = True
+    if failed:
         session.exitstatus = 1
+
+
+try:
+    from pytest import hookimpl as _hookimpl
+except ImportError:  # run as a script where pytest is not installed
+
+    def _hookimpl(**_options):  # type: ignore[no-untyped-def]
+        return lambda function: function
+
+
+# Known to pytest only when pytest-xdist is installed, hence optional.
+@_hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # type: ignore[no-untyped-def]
+    """pytest-xdist's hook, in the controlling process: a worker finished
+    (or died: then ``error`` is set and it sent nothing)."""
+    worker = node.gateway.id
+    _workers_down.append(worker)
+    report = getattr(node, "workeroutput", {}).get("installed_wheel")
+    if report is not None:
+        _worker_findings[worker] = report
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
@@ -120,6 +168,11 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
         terminalreporter.write_sep("-", f"installed wheel, checked at the session's {when}")
         for line in lines:
             terminalreporter.write_line(line)
+    for worker, report in sorted(_worker_findings.items()):
+        for when, lines in report["findings"].items():  # type: ignore[union-attr]
+            terminalreporter.write_sep("-", f"installed wheel, checked at worker {worker}'s {when}")
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 if __name__ == "__main__":
