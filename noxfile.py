@@ -147,7 +147,10 @@ def wheel(session: nox.Session) -> None:
         dist, repaired = Path(tmp) / "dist", Path(tmp) / "repaired"
         # Without --sdist/--wheel, build makes the sdist and then the wheel
         # from the unpacked sdist: the wheel proves the sdist builds.
-        _nice(session, "python", "-m", "build", "--outdir", str(dist), str(ROOT), env=env)
+        # flock: the sdist is made in the checkout (its egg-info), where
+        # .ci/sanitize's pip may be building too (.ci/run runs them side
+        # by side); one build of the tree at a time.
+        _nice(session, "flock", str(ROOT), "python", "-m", "build", "--outdir", str(dist), str(ROOT), env=env)
         (sdist,) = dist.glob("*.tar.gz")
         (built,) = dist.glob("*.whl")
         if "-abi3-" not in built.name:
