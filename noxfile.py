@@ -213,14 +213,42 @@ def _pytest_ini(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# What the wheel can change, and so what wheel_tests runs against it: the
+# wheel holds the same Python code as the checkout, byte for byte, but
+# another build of the extension (zig cc's clang for glibc 2.28, with its
+# own static builds of libmongoc, libbson and OpenSSL, symbols hidden and
+# stripped) and a package laid out by pip in site-packages. So: the test
+# files that drive the C code (.ci/c-tests.txt, also the -O0 sanitizer
+# run's), and those of what the wheel installs beside it: the API reference
+# and the README's examples against the installed package, and the example
+# app, whose gunicorn master spawns the owner from it. The rest of the
+# suite (argument checks, the read surface beyond find_one, faults, the
+# benchmarks' harnesses, the test server) drives the same C lines through
+# the same Python; it runs on the host (docs/packaging.md). Arguments after
+# -- replace this selection (`nox -s wheel_tests -- tests` runs them all).
+C_TESTS_FILE = ROOT / ".ci" / "c-tests.txt"
+WHEEL_PACKAGE_TESTS = [
+    "tests/test_api_docs.py",
+    "tests/test_readme.py",
+    "tests/test_example_webapp.py",
+]
+
+
+def _c_tests() -> list[str]:
+    lines = C_TESTS_FILE.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
 @nox.session(python=PYTHON)
 def wheel_tests(session: nox.Session) -> None:
     """Install the wheel from wheelhouse/ (run `nox -s wheel` first) into this
     fresh environment where mongo-c-driver and the C compiler are hidden
     (.ci/hide-mongoc), prove that the extension loads no mongo-c-driver or
     OpenSSL library of the system (.ci/installed_wheel.py), and
-    run the test suite against the installed package from a copy of tests/
-    and benchmarks/ outside the source tree."""
+    run the tests the wheel can change (_c_tests() and WHEEL_PACKAGE_TESTS,
+    or those named after --) against the installed package from a copy of
+    tests/ and benchmarks/ outside the source tree, over the machine's
+    cores (.ci/pytest-parallel)."""
     wheel_file = _built_wheel(session)
     hide = str(ROOT / ".ci" / "hide-mongoc")
     with tempfile.TemporaryDirectory() as tmp:
@@ -236,9 +264,11 @@ def wheel_tests(session: nox.Session) -> None:
         session.run("python", "installed_wheel.py")
         session.run(hide, "python", "installed_wheel.py", external=True)
         deselect = _deselect_source_tree_only(session)
+        tests = list(session.posargs) or _c_tests() + WHEEL_PACKAGE_TESTS
+        session.log(f"tests: {' '.join(tests)}")
         session.run(
-            "nice", "-n", "10", hide, "python", "-m", "pytest", "-q", "-p", "installed_wheel",
-            *deselect, *session.posargs, external=True,
+            "nice", "-n", "10", hide, "bash", str(ROOT / ".ci" / "pytest-parallel"), "python",
+            "-q", "-p", "installed_wheel", *deselect, *tests, external=True,
         )  # fmt: skip
 
 
