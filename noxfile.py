@@ -353,26 +353,85 @@ exec nice -n 10 venv/bin/python -m pytest -q "$@"
 """
 
 
-def _chroot(session: nox.Session, name: str, release: str, packages: str) -> Path:
-    """The chroot .chroot-<name>/ of Debian ``release`` with ``packages``,
-    made by debootstrap unless a recent one made the same way exists."""
-    root = ROOT / f".chroot-{name}"
-    marker = root / CHROOT_MARKER
-    made_as = f"{release} {packages} {CHROOT_MIRROR}\n"
-    fresh = (
-        marker.is_file()
-        and marker.read_text() == made_as
-        and time.time() - marker.stat().st_mtime < CHROOT_MAX_AGE_DAYS * 86400
-    )
-    if not fresh:
-        session.log(f"making {root.name}/: Debian {release} with {packages}")
-        shutil.rmtree(root, ignore_errors=True)
-        _nice(
-            session, "debootstrap", "--variant=minbase", f"--include={packages}",
-            release, str(root), CHROOT_MIRROR,
-        )  # fmt: skip
-        marker.write_text(made_as)
-    return root
+# Each chroot by name (.chroot-<name>/): its Debian release and packages.
+CHROOTS = {
+    "bookworm": ("bookworm", WHEEL_CHROOT_PACKAGES),
+    "trixie": ("trixie", WHEEL_CHROOT_PACKAGES),
+    "sid": ("sid", WHEEL_CHROOT_PACKAGES),
+    "sid-sdist": ("sid", SDIST_CHROOT_PACKAGES),
+}
+# The chroots of the sessions .ci/run runs (.ci/wheel), which `nox -s
+# chroots` makes when named none.
+CI_CHROOTS = ["trixie", "sid", "sid-sdist"]
+
+
+def _make_chroots(session: nox.Session, names: list[str]) -> None:
+    """Make each chroot of ``names`` (.chroot-<name>/, see CHROOTS) by
+    debootstrap unless a recent one made the same way exists. Those to make
+    are made side by side: debootstrap spends most of its time waiting for
+    the mirror and the disk, and each writes a tree of its own."""
+    pending: list[tuple[str, Path, str, subprocess.Popen[bytes], Path]] = []
+    started = time.monotonic()
+    try:
+        for name in names:
+            release, packages = CHROOTS[name]
+            root = ROOT / f".chroot-{name}"
+            marker = root / CHROOT_MARKER
+            made_as = f"{release} {packages} {CHROOT_MIRROR}\n"
+            fresh = (
+                marker.is_file()
+                and marker.read_text() == made_as
+                and time.time() - marker.stat().st_mtime < CHROOT_MAX_AGE_DAYS * 86400
+            )
+            if fresh:
+                continue
+            session.log(f"making {root.name}/: Debian {release} with {packages}")
+            shutil.rmtree(root, ignore_errors=True)
+            log = Path(tempfile.mkstemp(prefix=f"cqc-debootstrap-{name}-", suffix=".log")[1])
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    ["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--include={packages}",
+                     release, str(root), CHROOT_MIRROR],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            pending.append((name, root, made_as, proc, log))
+        failed = []
+        for name, root, made_as, proc, log in pending:
+            if proc.wait() != 0:
+                tail = log.read_text(errors="replace").splitlines()[-30:]
+                session.warn(f"debootstrap of {root.name}/ failed (exit {proc.returncode}):\n" + "\n".join(tail))
+                failed.append(root.name)
+                continue
+            (root / CHROOT_MARKER).write_text(made_as)
+            session.log(f"made {root.name}/ ({time.monotonic() - started:.0f} s after the first debootstrap started)")
+        if failed:
+            session.error(f"debootstrap failed: {', '.join(failed)}")
+    finally:
+        for _, _, _, proc, log in pending:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.unlink(missing_ok=True)
+
+
+def _chroot(session: nox.Session, name: str) -> Path:
+    """The chroot .chroot-<name>/ (CHROOTS), made unless a recent one made
+    the same way exists."""
+    _make_chroots(session, [name])
+    return ROOT / f".chroot-{name}"
+
+
+@nox.session(python=False)
+def chroots(session: nox.Session) -> None:
+    """Make the Debian chroots of the chroot sessions, side by side, unless
+    recent ones made the same way exist: those .ci/run uses (trixie, sid,
+    sid-sdist), or those named after -- (any of CHROOTS). Needs root and
+    debootstrap."""
+    names = list(session.posargs) or CI_CHROOTS
+    unknown = [name for name in names if name not in CHROOTS]
+    if unknown:
+        session.error(f"unknown chroots: {', '.join(unknown)} (known: {', '.join(CHROOTS)})")
+    _make_chroots(session, names)
 
 
 def _run_in_chroot(
@@ -508,7 +567,7 @@ def wheel_tests_chroot(session: nox.Session) -> None:
     checks of .ci/installed_wheel.py and the test suite. Needs root and
     debootstrap."""
     wheel_file = _built_wheel(session)
-    root = _chroot(session, "bookworm", "bookworm", WHEEL_CHROOT_PACKAGES)
+    root = _chroot(session, "bookworm")
     args = _deselect_source_tree_only(session) + list(session.posargs)
     _run_in_chroot(session, root, wheel_file, WHEEL_CHROOT_SCRIPT, args)
 
@@ -518,7 +577,7 @@ def wheel_tests_chroot_trixie(session: nox.Session) -> None:
     """As wheel_tests_chroot, in Debian 13 (trixie, Python 3.13;
     .chroot-trixie/), with the tests of CHROOT_SUBSET (or those named after
     --)."""
-    root = _chroot(session, "trixie", "trixie", WHEEL_CHROOT_PACKAGES)
+    root = _chroot(session, "trixie")
     _run_in_chroot(session, root, _built_wheel(session), WHEEL_CHROOT_SCRIPT, _subset_or_posargs(session))
 
 
@@ -527,7 +586,7 @@ def wheel_tests_chroot_sid(session: nox.Session) -> None:
     """As wheel_tests_chroot, in Debian sid (Python 3.14; .chroot-sid/),
     with the tests of CHROOT_SUBSET (or those named after --), against a
     server run on the host (_server_on_host)."""
-    root = _chroot(session, "sid", "sid", WHEEL_CHROOT_PACKAGES)
+    root = _chroot(session, "sid")
     wheel_file, tests = _built_wheel(session), _subset_or_posargs(session)
     with _server_on_host(session) as uri:
         _run_in_chroot(session, root, wheel_file, WHEEL_CHROOT_SCRIPT, tests, server_uri=uri)
@@ -541,7 +600,7 @@ def sdist_tests_chroot_sid(session: nox.Session) -> None:
     link libmongoc2 and libbson2, and the tests of CHROOT_SUBSET (or those
     named after --) with Python 3.14, against a server run on the host
     (_server_on_host). Needs root and debootstrap."""
-    root = _chroot(session, "sid-sdist", "sid", SDIST_CHROOT_PACKAGES)
+    root = _chroot(session, "sid-sdist")
     sdist, tests = _built_sdist(session), _subset_or_posargs(session)
     with _server_on_host(session) as uri:
         _run_in_chroot(session, root, sdist, SDIST_CHROOT_SCRIPT, tests, server_uri=uri)
