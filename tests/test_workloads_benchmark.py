@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pymongo
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
@@ -22,6 +23,11 @@ from benchmarks import workloads  # noqa: E402
 from benchmarks._kit import write_json  # noqa: E402
 
 
+# Timing: each path must reach a minimum hit ratio while the writes go on,
+# which needs the change stream to keep up; with
+# another test's processes beside it (pytest-xdist) that can miss, so it runs
+# alone (.ci/pytest-parallel).
+@pytest.mark.serial
 def test_tiny_run_writes_a_complete_report_that_judges_every_read(
     server_uri: str, runtime_dir: Path, tmp_path: Path
 ) -> None:
