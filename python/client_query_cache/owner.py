@@ -34,6 +34,7 @@ from ._core.shared import (
     SharedCacheError,
     decode_message,
     encode_message,
+    identity_mismatch,
     paths_for,
     ring_bytes_for,
     peer_uid,
@@ -66,6 +67,17 @@ class _Owner:
         if not isinstance(deployment, dict) or not isinstance(deployment.get("hosts"), list):
             raise ValueError("the configuration lacks the deployment's hosts")
         self.deployment = deployment
+        # The MongoDB identity of the connection string (shared.py): a worker
+        # whose client authenticates otherwise may not read the arena.
+        identity, salt = config["identity"], config["identity_salt"]
+        if identity is not None and not (
+            isinstance(identity, dict) and {"mechanism", "source", "user", "proof"} <= identity.keys()
+        ):
+            raise ValueError("the configuration's identity is not valid")
+        if not isinstance(salt, str) or len(salt) != 32:
+            raise ValueError("the configuration lacks the identity's salt")
+        self.identity = identity
+        self.identity_salt = salt
         self.max_entry_bytes = int(config["max_entry_bytes"])
         self.max_await_time_ms = int(config["max_await_time_ms"])
         self.paths = paths_for(self.name, create=True)
@@ -160,12 +172,16 @@ class _Owner:
                             "ok": True,
                             "max_entry_bytes": self.max_entry_bytes,
                             "ring_bytes": ring_bytes_for(self.max_entry_bytes),
+                            "identity_salt": self.identity_salt,
                         }
                     elif op == "hello":
                         if not same_deployment(msg.get("deployment") or {}, self.deployment):
                             raise SharedCacheError(
                                 "the worker's client and the owner follow different deployments"
                             )
+                        refused = identity_mismatch(msg.get("identity"), self.identity)
+                        if refused:
+                            raise SharedCacheError(f"refused to attach to {self.name!r}: {refused}")
                         if ring_id:
                             raise SharedCacheError("already attached")
                         ring_id = self.native.attach_ring(str(msg["segment"]))

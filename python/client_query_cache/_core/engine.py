@@ -35,7 +35,7 @@ from .classify import KIND_FIND, ReadPlan, written_databases
 from .config import CacheConfig
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
-from .shared import OwnerLink, SharedCacheError, ring_bytes_for, ring_path
+from .shared import OwnerLink, SharedCacheError, identity_proof, ring_bytes_for, ring_path
 from .snapshot import CacheSnapshot, StreamSnapshot
 from .trust import platform_trust
 from .uri import crl_file_in
@@ -141,6 +141,7 @@ class Engine:
         stream_uri: str | None,
         link: OwnerLink | None = None,
         deployment: dict[str, Any] | None = None,
+        identity: dict[str, Any] | None = None,
         reconnect: Callable[[], OwnerLink] | None = None,
         clock: Callable[[], int] = lambda: 0,
         one_member: Callable[[], bool | None] = lambda: False,
@@ -169,6 +170,9 @@ class Engine:
         #: drop their namespace handles and native reference (see read.py).
         self.generation = 0
         self._deployment = deployment or {}
+        #: The MongoDB identity the client authenticates as (shared.py;
+        #: holds its password, sent to an owner only as a salted proof).
+        self._identity = identity
         self._reconnect = reconnect
         self._last_reattach = 0.0
         self._reattaching = False
@@ -199,7 +203,7 @@ class Engine:
                 **self._reader,
             )
         else:
-            self.native, self._segment, self.max_entry_bytes = self._attach(link, self._deployment, self._reader)
+            self.native, self._segment, self.max_entry_bytes = self._attach(link, self._deployment, self._identity, self._reader)
         self.hooks = Hooks()
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -208,13 +212,25 @@ class Engine:
         self._namespaces: dict[tuple[str, str], NamespaceHandle] = {}
 
     @staticmethod
-    def _attach(link: OwnerLink, deployment: dict[str, Any], reader: dict[str, Any]) -> tuple[Any, str, int]:
+    def _attach(
+        link: OwnerLink, deployment: dict[str, Any], identity: dict[str, Any] | None, reader: dict[str, Any]
+    ) -> tuple[Any, str, int]:
         """Map the owner's arena, create this worker's ring and say hello:
         (the native cache, the ring's path, the owner's max entry size)."""
         segment = ring_path(link.name)
         native = None
         try:
             info = link.request("info")
+            salt = info.get("identity_salt")
+            if not isinstance(salt, str) or len(salt) != 32:
+                raise SharedCacheError(
+                    f"the owner of {link.name!r} does not check the MongoDB identity of its workers "
+                    "(an older version): restart it"
+                )
+            try:
+                proof = identity_proof(identity, salt)
+            except ValueError:
+                raise SharedCacheError(f"the owner of {link.name!r} sent an invalid identity salt") from None
             ring_bytes = int(info["ring_bytes"])
             if not ring_bytes_for(0) <= ring_bytes <= 1 << 30:
                 raise SharedCacheError(f"the owner of {link.name!r} asks for a ring of {ring_bytes} bytes")
@@ -224,7 +240,9 @@ class Engine:
                 ring_bytes=ring_bytes,
                 **reader,
             )
-            reply = link.request("hello", pid=os.getpid(), segment=segment, deployment=deployment)
+            reply = link.request(
+                "hello", pid=os.getpid(), segment=segment, deployment=deployment, identity=proof
+            )
             mine, theirs = native.geometry(), reply["geometry"]
             for key in ("layout_version", "arena_bytes", "budget_bytes", "slot_count", "owner_uid", "owner_pid"):
                 if mine[key] != theirs[key]:
@@ -278,7 +296,7 @@ class Engine:
         try:
             try:
                 link = self._reconnect()  # type: ignore[misc]
-                native, segment, max_entry_bytes = self._attach(link, self._deployment, self._reader)
+                native, segment, max_entry_bytes = self._attach(link, self._deployment, self._identity, self._reader)
             except (SharedCacheError, OSError, ValueError):
                 return
             with self._lock:

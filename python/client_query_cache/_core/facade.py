@@ -21,7 +21,7 @@ from .errors import CacheConfigurationError
 from .read import CollectionCore
 from .snapshot import CacheSnapshot
 from .handle import SharedCacheConfig, attach_or_start
-from .shared import OwnerLink, deployment_of_client, validate_name
+from .shared import OwnerLink, deployment_of_client, identity_of_client, validate_name
 from .uri import stream_uri_for
 
 __all__ = ["ManagerBase", "DatabaseBase", "CollectionBase", "install_write_methods"]
@@ -228,6 +228,7 @@ class ManagerBase:
                 None,
                 link=reconnect(),
                 deployment=deployment_of_client(client),
+                identity=identity_of_client(client),
                 reconnect=reconnect,
                 clock=clock,
                 one_member=members,

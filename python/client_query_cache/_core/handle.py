@@ -20,6 +20,8 @@ from .shared import (
     OwnerLink,
     SharedCacheError,
     deployment_of_uri,
+    identity_of_uri,
+    identity_proof,
     paths_for,
     peer_uid,
     recv_message,
@@ -77,6 +79,10 @@ class SharedCache:
             # Parsed here, not in the owner: the owner does not import PyMongo
             # (its memory counts against the cache's saving).
             deployment = deployment_of_uri(uri)
+            # The identity the owner's connection string authenticates as,
+            # its password kept only as a proof under a salt of this owner.
+            salt = os.urandom(16).hex()
+            identity = identity_proof(identity_of_uri(uri), salt)
         except Exception:
             # The parser's message could quote the connection string.
             raise CacheConfigurationError("uri is not a valid MongoDB connection string") from None
@@ -86,6 +92,8 @@ class SharedCache:
             "name": name,
             "uri": uri,
             "deployment": deployment,
+            "identity": identity,
+            "identity_salt": salt,
             "arena_bytes": arena_bytes or 0,
             "budget_bytes": budget_bytes,
             "slots": slots,

@@ -28,6 +28,7 @@ from __future__ import annotations
 # The owner imports this module: only C modules here, not json, re, socket or
 # threading, whose Python layers (and the enum module they share) would add
 # about 2 MiB to the owner's private memory (owner.py).
+import _operator
 import _socket
 import _thread
 import os
@@ -51,6 +52,10 @@ __all__ = [
     "deployment_of_client",
     "deployment_of_uri",
     "same_deployment",
+    "identity_of_client",
+    "identity_of_uri",
+    "identity_proof",
+    "identity_mismatch",
     "encode_message",
     "decode_message",
     "send_message",
@@ -158,6 +163,103 @@ def deployment_of_uri(uri: str) -> dict[str, Any]:
 def same_deployment(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Same replica set name (or neither has one) and at least one seed in common."""
     return a.get("replica_set") == b.get("replica_set") and bool(set(a["hosts"]) & set(b["hosts"]))
+
+
+# -- MongoDB identity ---------------------------------------------------------
+#
+# A hit never reaches MongoDB, so MongoDB's access control never sees it: a
+# worker may read a shared cache only if its client authenticates as the
+# owner's connection string does (docs/deployment.md, "Who may attach").
+# An identity is the credential PyMongo builds from a client's options or
+# from a connection string (mechanism, source, user, password); what crosses
+# the control socket and what the owner keeps is the mechanism, source and
+# user, and for the password a PBKDF2 proof under a salt the owner drew at
+# its start, never the password. The owner does not import PyMongo or
+# hashlib: the process that starts it computes its proof.
+
+#: PBKDF2-HMAC-SHA256 rounds of a password's proof: an owner's memory or a
+#: control message read by a process of the same user does not give the
+#: password back for the price of one hash.
+PROOF_ROUNDS = 100_000
+
+
+def _identity_of_credentials(creds: Any) -> dict[str, Any] | None:
+    if creds is None:
+        return None
+    return {
+        "mechanism": str(creds.mechanism or "DEFAULT"),
+        "source": None if creds.source is None else str(creds.source),
+        "user": None if creds.username is None else str(creds.username),
+        "secret": None if creds.password is None else str(creds.password),
+    }
+
+
+def identity_of_client(client: Any) -> dict[str, Any] | None:
+    """The identity a (sync or async) PyMongo client authenticates as (None:
+    it has no credentials). Holds the password: never sent or shown."""
+    try:
+        creds = client.options.pool_options._credentials
+    except AttributeError as exc:  # a PyMongo whose internals moved
+        raise CacheConfigurationError(
+            "cannot read the MongoDB identity of this client for the shared cache"
+        ) from exc
+    return _identity_of_credentials(creds)
+
+
+def identity_of_uri(uri: str) -> dict[str, Any] | None:
+    """The identity a connection string authenticates as, as PyMongo builds
+    it for a client of that string."""
+    from pymongo.client_options import _parse_credentials
+    from pymongo.uri_parser import parse_uri
+
+    parsed = parse_uri(uri)
+    return _identity_of_credentials(
+        _parse_credentials(parsed["username"], parsed["password"], parsed["database"], parsed["options"])
+    )
+
+
+def identity_proof(identity: dict[str, Any] | None, salt: str) -> dict[str, Any] | None:
+    """What is sent and kept of an identity: its password replaced by its
+    proof under ``salt`` (hex)."""
+    if identity is None:
+        return None
+    import hashlib
+
+    secret = identity.get("secret")
+    proof = None
+    if secret is not None:
+        proof = hashlib.pbkdf2_hmac("sha256", secret.encode(), bytes.fromhex(salt), PROOF_ROUNDS).hex()
+    return {"mechanism": identity["mechanism"], "source": identity["source"], "user": identity["user"], "proof": proof}
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        return _operator._compare_digest(a.encode(), b.encode())
+    return a is None and b is None
+
+
+def identity_mismatch(worker: object, owner: dict[str, Any] | None) -> str | None:
+    """Why a worker whose client authenticates as ``worker`` (its
+    identity_proof under the owner's salt) may not read an owner's arena
+    whose connection string authenticates as ``owner``; None when it may.
+    Names the worker's user, never the owner's, and no secret."""
+    if worker is not None and not isinstance(worker, dict):
+        return "the worker sent no valid identity"
+    if owner is None:
+        if worker is None:
+            return None
+        return "the worker's client authenticates to MongoDB and the owner's connection string does not"
+    if worker is None:
+        return "the worker's client has no MongoDB credentials and the owner's connection string has some"
+    user = worker.get("user")
+    mine = f"the worker's is {user!r} of {worker.get('source')!r}" if isinstance(user, str) else "the worker's names none"
+    if not _same(worker.get("user"), owner["user"]) or not _same(worker.get("source"), owner["source"]):
+        return f"the worker's client authenticates to MongoDB as another user than the owner's ({mine})"
+    if not _same(worker.get("mechanism"), owner["mechanism"]):
+        return "the worker's client authenticates to MongoDB with another mechanism than the owner's"
+    if not _same(worker.get("proof"), owner["proof"]):
+        return "the worker's client authenticates to MongoDB with another password than the owner's"
+    return None
 
 
 # -- messages ---------------------------------------------------------------
