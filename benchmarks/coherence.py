@@ -25,10 +25,11 @@ from typing import Any
 import pymongo
 
 from . import _kit as kit
+from . import _patterns
 from ._kit import MAX_EXAMPLES, BenchmarkFailed, Shared, Status
 from ._oracle import AT_LEAST, AT_MOST, EXACT, Oracle, Rows, Write, WriteTimes, applied_time, hit_fraction, judge_all
 
-SCHEMA = "cqc.coherence/2"
+SCHEMA = "cqc.coherence/3"
 PATHS = ("shared", "local")
 APIS = ("sync", "async")
 #: Read kinds: a row's ``kinds`` value indexes this. The soak
@@ -65,8 +66,8 @@ TAIL_NS = 100_000_000
 LOCAL = {"budget_bytes": 8 * 1024 * 1024, "max_await_time_ms": 200}
 PAD_BYTES = 512
 
-FULL = {"workers": 4, "writes": 600, "documents": 12, "groups": 3}
-QUICK = {"workers": 2, "writes": 60, "documents": 6, "groups": 2}
+FULL = {"workers": 4, "writes": 600, "documents": 12, "groups": 3, "pattern_seconds": 8.0}
+QUICK = {"workers": 2, "writes": 60, "documents": 6, "groups": 2, "pattern_seconds": 1.0}
 
 
 def document(k: int, version: int, groups: int, pad_bytes: int) -> dict[str, Any]:
@@ -536,17 +537,44 @@ def run(args: argparse.Namespace, uri: str, status: Status) -> dict[str, Any]:
     finally:
         with pymongo.MongoClient(uri) as client:
             client.drop_database(db)
-    return build_report(vars(args), paths)
+    return build_report(vars(args), paths, run_patterns(uri, args, db, status))
 
 
-def build_report(params: dict[str, Any], paths: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def run_patterns(uri: str, args: argparse.Namespace, db: str, status: Status) -> list[dict[str, Any]]:
+    """Each pattern (``benchmarks._patterns``) on each path and API, for
+    ``args.pattern_seconds``; a shared path's patterns share one owner."""
+    out = []
+    for path in args.paths:
+        with contextlib.ExitStack() as stack:
+            owner = None
+            if path == "shared":
+                owner = stack.enter_context(kit.checked_owner(uri, "coh-pat", max_await_time_ms=LOCAL["max_await_time_ms"])).name
+            for pattern in args.patterns:
+                if path != "shared" and pattern in _patterns.SHARED_ONLY:
+                    continue
+                for api in args.apis:
+                    status(f"pattern {pattern}: {path}/{api} for {args.pattern_seconds:g} s")
+                    out.append(
+                        _patterns.run_pattern(
+                            pattern, uri, path=path, api=api, owner=owner, db_prefix=f"{db}_{len(out)}",
+                            seconds=args.pattern_seconds, timeout=args.timeout, seed=str(args.seed),
+                        )  # fmt: skip
+                    )
+    return out
+
+
+def build_report(
+    params: dict[str, Any], paths: Sequence[dict[str, Any]], patterns: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    every = [*paths, *patterns]
     return {
         "schema": SCHEMA,
         "machine": kit.machine_facts(),
         "params": params,
         "min_hit_fraction": MIN_HIT_FRACTION,
         "paths": list(paths),
-        **{key: sum(p[key] for p in paths) for key in ("reads", "hits", *VIOLATIONS)},
+        "patterns": list(patterns),
+        **{key: sum(p[key] for p in every) for key in ("reads", "hits", *VIOLATIONS)},
     }
 
 
@@ -567,6 +595,14 @@ def checks(report: dict[str, Any]) -> list[str]:
         if p["window_ms"] is None:
             problems.append(f"{label}: no write was seen applied")
         problems.extend(f"{label}: {e}" for e in p["examples"])
+    for p in report.get("patterns", ()):
+        label = f"pattern {p['pattern']} {p['path']}/{p['api']}"
+        problems.extend(f"{label}: {p[key]} {key.replace('_', ' ')}" for key in VIOLATIONS if p[key])
+        if p["wrong_results"]:
+            problems.append(f"{label}: {p['wrong_results']} wrong results")
+        if not p["documents_checked"] or not (p["hits"] or report["params"].get("quick")):
+            problems.append(f"{label}: {p['reads']} reads judged, {p['hits']} hits: the pattern checked nothing")
+        problems.extend(f"{label}: {e}" for e in p["examples"])
     return problems
 
 
@@ -574,6 +610,12 @@ def checks(report: dict[str, Any]) -> list[str]:
 COLUMNS = (
     ("path", "<14"), ("reads", ">7"), ("docs", ">7"), ("hits", ">5.0%"), ("writes", ">6"), ("own", ">5"),
     ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"), ("window p50/p95/p99/max ms", ">27"), ("read gap", ">8.2f"),
+)  # fmt: skip
+
+
+PATTERN_COLUMNS = (
+    ("pattern", "<19"), ("path", "<13"), ("reads", ">6"), ("docs", ">6"), ("hits", ">5.0%"), ("behind", ">6"),
+    ("own", ">5"), ("other", ">6"), ("stale", ">5"), ("mono", ">5"), ("ryw", ">5"),
 )  # fmt: skip
 
 
@@ -588,6 +630,19 @@ def print_report(report: dict[str, Any]) -> None:
             window, kit.cell(p["read_interval_ms_p50"]),
         ))  # fmt: skip
     kit.table(COLUMNS, rows)
+    if report.get("patterns"):
+        print("patterns (docs/benchmarks.md: each judged read by read):")
+        kit.table(
+            PATTERN_COLUMNS,
+            [
+                (
+                    p["pattern"], f"{p['path']}/{p['api']}", p["reads"], p["documents_checked"],
+                    hit_fraction(p["hits"], p["reads"]), p["behind"], p["own_writes"], p["other_writes"],
+                    p["stale_reads"], p["monotonic_violations"], p["read_your_writes_violations"],
+                )  # fmt: skip
+                for p in report["patterns"]
+            ],
+        )
     print(
         f"stale_reads {report['stale_reads']}, monotonic_violations {report['monotonic_violations']}, "
         f"read_your_writes_violations {report['read_your_writes_violations']} of {report['reads']} reads "
@@ -609,6 +664,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--paths", type=kit.csv(PATHS), default=PATHS, help="comma-separated: shared,local")
     add("--apis", type=kit.csv(APIS), default=APIS, help="comma-separated: sync,async")
     add("--timeout", type=float, default=60.0, help="seconds any one wait may take")
+    add(
+        "--patterns", type=kit.csv(_patterns.PATTERNS + ("none",)), default=_patterns.PATTERNS,
+        help="comma-separated patterns to run after the paths (none: no pattern)",
+    )  # fmt: skip
+    add("--pattern-seconds", type=float, help=f"seconds each pattern runs per path and API (default {FULL['pattern_seconds']:g})")
     args = parser.parse_args(argv)
     kit.defaults(args, QUICK if args.quick else FULL)
     kit.at_least_one(parser, args, ("workers", "writes", "documents", "groups", "writers"))
@@ -616,6 +676,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--documents must be at least --writers and --groups")
     if args.write_interval_ms < 0 or args.read_pause_ms < 0:
         parser.error("pauses must not be negative")
+    if args.pattern_seconds <= 0:
+        parser.error("--pattern-seconds must be positive")
+    args.patterns = tuple(p for p in args.patterns if p != "none")
     return args
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import array
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import coherence  # noqa: E402
+from benchmarks import _patterns, coherence  # noqa: E402
 from benchmarks._oracle import AT_LEAST, AT_MOST, Rows, WriteTimes, judge  # noqa: E402
 from benchmarks.coherence import Oracle, Write, check_reads, staleness_windows  # noqa: E402
 
@@ -31,7 +33,7 @@ def test_no_path_serves_a_stale_a_backwards_or_an_own_write_missing_read(server_
     report = coherence.run(args, server_uri, coherence.Status(quiet=True))
     problems = coherence.checks(report)
     assert problems == []
-    assert report["schema"] == "cqc.coherence/2"
+    assert report["schema"] == "cqc.coherence/3"
     for key in coherence.VIOLATIONS:
         assert report[key] == 0, key
     assert {(p["path"], p["api"]) for p in report["paths"]} == {
@@ -45,6 +47,56 @@ def test_no_path_serves_a_stale_a_backwards_or_an_own_write_missing_read(server_
         assert p["hit_fraction"] >= coherence.MIN_HIT_FRACTION and p["documents_checked"] >= p["reads"]
         assert p["window_ms"]["n"] == args.writes
         assert p["worker_writes"] > 0
+    # Every pattern that once broke the causal promise ran on every path and
+    # API it applies to, judged documents, and (where it writes) wrote.
+    assert sorted((p["pattern"], p["path"], p["api"]) for p in report["patterns"]) == sorted(
+        (pattern, path, api)
+        for pattern in _patterns.PATTERNS
+        for path in coherence.PATHS
+        for api in coherence.APIS
+        if path == "shared" or pattern not in _patterns.SHARED_ONLY
+    )
+    for p in report["patterns"]:
+        assert p["documents_checked"] > 0 and p["other_writes"] > 0, p
+        if p["pattern"] in ("listener_writes", "transaction_writes", "merge_elsewhere"):
+            assert p["own_writes"] > 0, p
+
+
+def _events(times: dict[tuple[str, int], list[tuple[int, int]]]) -> Any:
+    return types.SimpleNamespace(times=times)
+
+
+def test_the_pattern_judge_finds_each_kind_of_wrong_read():
+    # Document 1 of "d.c": version 2's event at cluster time 20, version 3's
+    # at 30. Manager 0 reads version 3 (ends at t=100), then version 2 (starts
+    # at 110): monotonic. It writes version 4 (acknowledged at 200), then
+    # reads version 3 (starts at 210): read-your-writes. Manager 1 reads
+    # version 2 with the applied time at 30: stale; and version 3 at 40:
+    # fine. Manager 1's reads never bind manager 0's, and the reverse.
+    rec = _patterns.Record()
+    rec.read(0, "d.c", [{"_id": 1, "version": 3}], 90, 100, 0, [1])
+    rec.read(0, "d.c", [{"_id": 1, "version": 2}], 110, 120, 0, [1])
+    rec.wrote(0, "d.c", 1, 4, 200)
+    rec.read(0, "d.c", [{"_id": 1, "version": 3}], 210, 220, 0, [1])
+    rec.read(1, "d.c", [{"_id": 1, "version": 2}], 300, 310, 30, [1])
+    rec.read(1, "d.c", [{"_id": 1, "version": 3}], 320, 330, 40, [1])
+    verdict = _patterns.judge(rec, _events({("d.c", 1): [(30, 3), (20, 2)]}))
+    assert (verdict["stale_reads"], verdict["monotonic_violations"], verdict["read_your_writes_violations"]) == (
+        1,
+        1,
+        1,
+    ), verdict
+    # The same reads in an order that breaks nothing.
+    ok = _patterns.Record()
+    ok.read(0, "d.c", [{"_id": 1, "version": 2}], 90, 100, 20, [1])
+    ok.wrote(0, "d.c", 1, 4, 200)
+    ok.read(0, "d.c", [{"_id": 1, "version": 4}], 210, 220, 30, [1])
+    ok.read(0, "d.c", [{"_id": 1, "version": 3}], 150, 250, 30, [1])  # began before the write's ack
+    verdict = _patterns.judge(ok, _events({("d.c", 1): [(30, 3), (20, 2)]}))
+    assert verdict["stale_reads"] + verdict["monotonic_violations"] + verdict["read_your_writes_violations"] == 0
+    # A read that returns other documents than asked is a wrong result.
+    ok.read(0, "d.c", [{"_id": 2, "version": 1}], 300, 310, 30, [1])
+    assert len(ok.wrong) == 1
 
 
 def _path(**counts: int) -> dict[str, object]:
