@@ -442,6 +442,28 @@ cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
    return tok->healthy != 0;
 }
 
+bool
+cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
+                              uint32_t flen)
+{
+   uint64_t id_hash;
+
+   if (c->mode != CQC_MODE_LOCAL || ns_idx >= c->arena.geo.ns_count) {
+      return false;
+   }
+   /* A document's write: its identity entries and the namespace's query
+    * entries, as its change event does. Any other write: the query entries
+    * only (the documents it wrote are not known; their identity entries
+    * wait for the events, refused by the floor meanwhile). */
+   pthread_mutex_lock (&c->lock);
+   cqc_arena_w_invalidate_id (&c->arena, ns_idx,
+                              filter && cqc_filter_identity (filter, flen, &id_hash)
+                                 ? cqc_id_cell (id_hash, ns_idx, c->arena.geo.idgen_count)
+                                 : CQC_NO_CELL);
+   pthread_mutex_unlock (&c->lock);
+   return true;
+}
+
 /* A worker's admission: checked as the owner will check it, then pushed to
  * the ring. */
 static int

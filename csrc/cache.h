@@ -125,6 +125,15 @@ cqc_served_t cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx,
 bool cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
                         uint32_t flen, cqc_token_t *tok);
 
+/* This process's own write of ns_idx went to MongoDB (filter {"_id": v}:
+ * that document's identity entries and the namespace's query entries; NULL
+ * or any other filter: the query entries): they are invalidated at once,
+ * as the write's change events will, so that the process's next read of
+ * them is a miss and not a floor refusal. A process that owns its arena
+ * only (local mode); false in a worker. */
+bool cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
+                                   uint32_t flen);
+
 /* A worker's results, beyond cqc_admit's. */
 #define CQC_ADMIT_QUEUED 16  /* pushed to the ring; the owner admits it */
 #define CQC_ADMIT_DROPPED 17 /* the ring was full or damaged */

@@ -266,12 +266,17 @@ async def test_a_write_through_the_view_is_read_back_at_once(d, client, db_name,
     assert await d.served(cache, lambda: coll.count_documents({"v": 2})) == 0
     with _held(proxy):
         await d.r(coll.update_one({"_id": 1}, {"$set": {"v": 2}}))
-        before = cache.snapshot()
-        assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
-        assert await d.r(coll.count_documents({"v": 2})) == 1
-        # Both entries were refused by the floor and read again as misses.
-        after = cache.snapshot()
-        assert (after.behind - before.behind, _delta(cache, before)) == (2, {})
+        # The write invalidated both entries at once (the stream has applied
+        # nothing): each read is a miss, not refused by the floor, and what
+        # it read, after the write, is served at once.
+        for read, want in ((lambda: coll.find_one({"_id": 1}), {"_id": 1, "k": "a", "v": 2}),
+                           (lambda: coll.count_documents({"v": 2}), 1)):  # fmt: skip
+            before = cache.snapshot()
+            assert await d.r(read()) == want
+            assert await d.r(read()) == want
+            after = cache.snapshot()
+            assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+            assert (after.behind - before.behind, _delta(cache, before)) == (0, {})
     # Once the stream has applied the write, reads are served again.
     hits = cache.snapshot().hits
     deadline = time.monotonic() + DEADLINE_S
@@ -297,10 +302,12 @@ async def test_a_write_to_one_document_holds_back_only_what_depends_on_it(d, cli
         # Another document's identity entry is still served...
         assert (await d.r(coll.find_one({"_id": 2})))["v"] == 1
         assert cache.snapshot().hits == before.hits + 1
-        # ...but not the written one's, nor a query of the collection.
+        # ...but not the written one's, nor a query of the collection: the
+        # write invalidated them at once, so both are misses.
         assert (await d.r(coll.find_one({"_id": 1})))["v"] == 2
         assert (await d.r(coll.find_one({"k": "b"})))["v"] == 1
-        assert (cache.snapshot().behind - before.behind, _delta(cache, before)) == (2, {})
+        after = cache.snapshot()
+        assert (after.misses - before.misses, after.behind - before.behind, _delta(cache, before)) == (2, 0, {})
 
 
 def test_reads_of_other_documents_never_hold_back_a_documents_entry(make_manager, client, db_name):

@@ -221,6 +221,12 @@ class Cache:
         """Refuse every entry of the database (``held``), or stop: a
         transaction of this process wrote there and has not ended."""
 
+    def invalidate_written(self, ns_idx: int, filter: bytes | None, /) -> bool:
+        """This process wrote the document ``filter`` (``{"_id": v}``; any
+        other filter or None: somewhere in the namespace): invalidate its
+        entries now, as the write's change event will. False in a worker,
+        which cannot write the arena."""
+
     def register(self, db: str, coll: str, /) -> tuple[int, int]:
         """``(ns_idx, db_idx)``; starts the database's follower."""
 

@@ -486,8 +486,10 @@ class CollectionCore(CoreBase):
                     encoded = None
                 if encoded is not None:
                     self.engine.observe(self._db_name, read_id, self.ns, encoded)
+                    self.engine.invalidate_written(self._db_name, self.ns, encoded)
                     return
         self.observe(read_id)
+        self.engine.invalidate_written(self._db_name, self.ns, None)
 
 
 def _same_part(entry: bytes | None, part: Any, offset: int) -> bool:
