@@ -178,3 +178,58 @@ def test_database_change_stream_sees_an_insert(client, db_name) -> None:
     assert change["ns"] == {"db": db_name, "coll": "items"}
     assert change["documentKey"] == {"_id": 42}
     assert change["fullDocument"] == {"_id": 42, "v": "x"}
+
+
+# -- a limitation of the test server that the product must not depend on -------
+
+
+@needs_local_server
+def test_an_empty_batchs_resume_token_can_precede_a_later_event_with_writers_on_two_databases(
+    server_uri: str,
+) -> None:
+    # docs/consistency.md ("Causal reads"): SecantusDB's empty-batch
+    # postBatchResumeToken is no high-water mark when writes to the watched
+    # database commit while its scan sees only another database's: an event
+    # can come after an empty batch whose token is at or past the event's own
+    # time. MongoDB's KeyString tokens (type byte 0x82) do not do this; this
+    # server's are a BSON document whose "t" is the time. Should this test
+    # fail, the server changed: revisit stream.c's resume_token_time.
+    import threading
+
+    import bson
+
+    db_a, db_b = f"cqc_pbrt_a_{os.getpid()}", f"cqc_pbrt_b_{os.getpid()}"
+    stop = threading.Event()
+
+    def write(db: str, pause: float) -> None:
+        with _client(server_uri) as w:
+            while not stop.is_set():
+                w[db].items.update_one({"_id": 0}, {"$inc": {"n": 1}}, upsert=True)
+                time.sleep(pause)
+
+    writers = [threading.Thread(target=write, args=(db_a, 0.002)), threading.Thread(target=write, args=(db_b, 0))]
+    found = events = empties = 0
+    with _client(server_uri) as client:
+        try:
+            with client[db_a].watch(max_await_time_ms=50) as stream:
+                for t in writers:
+                    t.start()
+                newest_empty = None
+                deadline = time.monotonic() + 30
+                while not found and time.monotonic() < deadline:
+                    change = stream.try_next()
+                    if change is None:
+                        empties += 1
+                        token_time = bson.decode(bytes.fromhex(stream.resume_token["_data"]))["t"]
+                        newest_empty = max(newest_empty or token_time, token_time)
+                        continue
+                    events += 1
+                    found += newest_empty is not None and change["clusterTime"] <= newest_empty
+        finally:
+            stop.set()
+            for t in writers:
+                if t.is_alive() or t.ident:
+                    t.join(10)
+            client.drop_database(db_a)
+            client.drop_database(db_b)
+    assert found, f"no event at or before an earlier empty batch's token ({events} events, {empties} empty batches)"
