@@ -416,6 +416,10 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
       if (r == CQC_LOOKUP_HIT) {
          discard (ctx);
       }
+      if (cqc_floor_superseded (&c->floor, ns_idx, &stamp, &cov, &found)) {
+         c->misses++; /* invalid: the process's own write changed it */
+         return CQC_SERVE_MISS;
+      }
       c->behind++;
       return CQC_SERVE_BEHIND;
    }
@@ -442,14 +446,19 @@ cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
    return tok->healthy != 0;
 }
 
-bool
-cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
-                              uint32_t flen)
+void
+cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t db_idx, uint32_t ns_idx,
+                              const uint8_t *filter, uint32_t flen, uint64_t ts, uint64_t ns)
 {
-   uint64_t id_hash;
+   uint64_t id_hash = 0;
+   bool has_id = filter && cqc_filter_identity (filter, flen, &id_hash);
 
-   if (c->mode != CQC_MODE_LOCAL || ns_idx >= c->arena.geo.ns_count) {
-      return false;
+   if (ns_idx >= c->arena.geo.ns_count) {
+      return;
+   }
+   if (c->mode != CQC_MODE_LOCAL) {
+      cqc_floor_own_write (&c->floor, db_idx, ns_idx, has_id, id_hash, ts, ns);
+      return;
    }
    /* A document's write: its identity entries and the namespace's query
     * entries, as its change event does. Any other write: the query entries
@@ -457,11 +466,9 @@ cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t ns_idx, const uint8_t *fi
     * wait for the events, refused by the floor meanwhile). */
    pthread_mutex_lock (&c->lock);
    cqc_arena_w_invalidate_id (&c->arena, ns_idx,
-                              filter && cqc_filter_identity (filter, flen, &id_hash)
-                                 ? cqc_id_cell (id_hash, ns_idx, c->arena.geo.idgen_count)
-                                 : CQC_NO_CELL);
+                              has_id ? cqc_id_cell (id_hash, ns_idx, c->arena.geo.idgen_count)
+                                     : CQC_NO_CELL);
    pthread_mutex_unlock (&c->lock);
-   return true;
 }
 
 /* A worker's admission: checked as the owner will check it, then pushed to

@@ -127,12 +127,16 @@ bool cqc_cache_capture (const cqc_cache_t *c, uint32_t ns_idx, const uint8_t *fi
 
 /* This process's own write of ns_idx went to MongoDB (filter {"_id": v}:
  * that document's identity entries and the namespace's query entries; NULL
- * or any other filter: the query entries): they are invalidated at once,
- * as the write's change events will, so that the process's next read of
- * them is a miss and not a floor refusal. A process that owns its arena
- * only (local mode); false in a worker. */
-bool cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t ns_idx, const uint8_t *filter,
-                                   uint32_t flen);
+ * or any other filter: the query entries), observed with bounds (ts, ns):
+ * those entries are invalid until the write's change events have been
+ * applied. A process-local cache invalidates them at once, as the events
+ * will; a worker, which cannot write the owner's arena, remembers the
+ * write (cqc_floor_own_write), and its lookups of them are misses, not
+ * floor refusals (cqc_floor_superseded). Either way the process's next
+ * read of them goes to MongoDB as a miss, and what that read returns is
+ * admitted. */
+void cqc_cache_invalidate_written (cqc_cache_t *c, uint32_t db_idx, uint32_t ns_idx,
+                                   const uint8_t *filter, uint32_t flen, uint64_t ts, uint64_t ns);
 
 /* A worker's results, beyond cqc_admit's. */
 #define CQC_ADMIT_QUEUED 16  /* pushed to the ring; the owner admits it */

@@ -335,3 +335,46 @@ cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_
                              identity ? found->id_hash : 0, stamp->end_ts ? stamp->end_ts : 1,
                              stamp->end_ns, stamp->read_id, found->key_hash, found->value_hash);
 }
+
+void
+cqc_floor_own_write (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, bool has_id,
+                     uint64_t id_hash, uint64_t ts, uint64_t ns)
+{
+   if (db_idx >= f->db_count || ns_idx >= f->ns_count) {
+      return;
+   }
+   f->own[f->own_next++ % CQC_OWN_WRITES] = (cqc_own_write_t){
+      .ns_idx = ns_idx,
+      .used = 1,
+      .has_id = has_id ? 1 : 0,
+      .db_idx = db_idx,
+      .id_hash = has_id ? id_hash : 0,
+      .ts = ts,
+      .ns = ns,
+   };
+}
+
+bool
+cqc_floor_superseded (cqc_floor_t *f, uint32_t ns_idx, const cqc_stamp_t *stamp,
+                      const cqc_covered_t *cov, cqc_found_t *found)
+{
+   uint32_t i;
+   bool identity = found_id (found);
+
+   for (i = 0; i < CQC_OWN_WRITES; i++) {
+      cqc_own_write_t *w = &f->own[i];
+
+      if (!w->used || w->ns_idx != ns_idx) {
+         continue;
+      }
+      if (covered (f, cov, w->ts, w->ns, NULL)) {
+         w->used = 0; /* the stream has applied it: the entry is current */
+         continue;
+      }
+      if (stamp->start_ns < w->ns &&
+          (!identity || (w->has_id && w->id_hash == found->id_hash))) {
+         return true;
+      }
+   }
+   return false;
+}

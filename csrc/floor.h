@@ -76,6 +76,21 @@ typedef struct {
    cqc_seen_t seen;
 } cqc_cell_seen_t;
 
+/* A write of this process through a view that its cache could not
+ * invalidate itself (a shared cache's worker): of one document (has_id) or
+ * anywhere in a namespace, bounded like an observation. */
+typedef struct {
+   uint32_t ns_idx;
+   uint32_t used;
+   uint32_t has_id;
+   uint32_t db_idx;
+   uint64_t id_hash;
+   uint64_t ts;
+   uint64_t ns;
+} cqc_own_write_t;
+
+#define CQC_OWN_WRITES 64u
+
 typedef struct {
    uint32_t db_count;
    uint32_t ns_count;
@@ -89,6 +104,8 @@ typedef struct {
    uint8_t *held;     /* by db_idx: a transaction wrote there */
    cqc_cell_seen_t *cells; /* CQC_SEEN_BUCKETS * CQC_SEEN_WAYS */
    uint32_t cell_next; /* the way replaced when a bucket has none free */
+   cqc_own_write_t own[CQC_OWN_WRITES]; /* the latest, in turn */
+   uint32_t own_next;
 } cqc_floor_t;
 
 /* Scopes of cqc_floor_observe. */
@@ -155,6 +172,21 @@ bool cqc_floor_allows (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx,
  * record when cov already covers it). */
 void cqc_floor_served (cqc_floor_t *f, const cqc_arena_t *a, uint32_t db_idx, uint32_t ns_idx,
                        const cqc_stamp_t *stamp, const cqc_covered_t *cov, cqc_found_t *found);
+
+/* Remember a write of this process that its cache cannot invalidate (a
+ * worker's: the owner's stream will): of the document id_hash (has_id), or
+ * somewhere in namespace ns_idx. Its bounds as its observation's. */
+void cqc_floor_own_write (cqc_floor_t *f, uint32_t db_idx, uint32_t ns_idx, bool has_id,
+                          uint64_t id_hash, uint64_t ts, uint64_t ns);
+
+/* Whether an entry the rule refused is one such a write superseded: its read
+ * began before the write came back, and it is that document's identity
+ * entry or a query entry of the namespace (any write may change a query's
+ * result). Such an entry is invalid, its invalidation on its way from the
+ * stream: the lookup is a miss, not a refusal. Writes the stream has
+ * covered are forgotten. */
+bool cqc_floor_superseded (cqc_floor_t *f, uint32_t ns_idx, const cqc_stamp_t *stamp,
+                           const cqc_covered_t *cov, cqc_found_t *found);
 
 /* Whether an observation bounded by (ts, ns), e.g. an after() token taken
  * at ns, is covered by the database's stream as cov says. */

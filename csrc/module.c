@@ -731,28 +731,30 @@ Cache_hold (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
    Py_RETURN_NONE;
 }
 
-/* invalidate_written(ns_idx, filter_or_None) -> bool: this process wrote
- * the document {"_id": v} (or, for any other filter or None, somewhere in
- * the namespace): invalidate its entries now (cqc_cache_invalidate_written);
- * False in a worker, which cannot write the arena. */
+/* invalidate_written(db_idx, ns_idx, filter_or_None, cluster_time,
+ * monotonic_ns): this process wrote the document {"_id": v} (or, for any
+ * other filter or None, somewhere in the namespace), observed with those
+ * bounds: its entries are invalid until the stream applies the write
+ * (cqc_cache_invalidate_written). */
 static PyObject *
 Cache_invalidate_written (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-   uint32_t ns_idx;
+   uint32_t db_idx, ns_idx;
+   uint64_t ts, ns;
    Py_buffer fb = {0};
-   bool done;
 
-   if (!check_args (nargs, 2, 2, "invalidate_written") || !check_usable (self, USE) ||
-       !PARSE_NS (args[0], &ns_idx) ||
-       (args[1] != Py_None && !get_buffer (args[1], &fb, "filter"))) {
+   if (!check_args (nargs, 5, 5, "invalidate_written") || !check_usable (self, USE) ||
+       !PARSE_DB (args[0], &db_idx) || !PARSE_NS (args[1], &ns_idx) ||
+       !parse_u64 (args[3], &ts) || !parse_u64 (args[4], &ns) ||
+       (args[2] != Py_None && !get_buffer (args[2], &fb, "filter"))) {
       return NULL;
    }
-   done = cqc_cache_invalidate_written (&self->c, ns_idx, fb.obj ? fb.buf : NULL,
-                                        (uint32_t) fb.len);
+   cqc_cache_invalidate_written (&self->c, db_idx, ns_idx, fb.obj ? fb.buf : NULL,
+                                 (uint32_t) fb.len, ts ? ts : 1, ns);
    if (fb.obj) {
       PyBuffer_Release (&fb);
    }
-   return PyBool_FromLong (done);
+   Py_RETURN_NONE;
 }
 
 /* db_state(db_idx) -> (state, stalled, applied time) as readers see it. */
@@ -916,8 +918,8 @@ static PyMethodDef Cache_methods[] = {
    FASTCALL (peek, "peek(ns_idx, kind, filter, rest) -> (value, end_ns, end_ts, read_id) or None."),
    METHOD (set_ordered, METH_O, "set_ordered(ordered): the deployment has one member."),
    FASTCALL (hold, "hold(db_idx, held): refuse the database's entries (a transaction)."),
-   FASTCALL (invalidate_written,
-             "invalidate_written(ns_idx, filter_or_None) -> bool: this process wrote there."),
+   FASTCALL (invalidate_written, "invalidate_written(db_idx, ns_idx, filter_or_None, "
+                                 "cluster_time, monotonic_ns): this process wrote there."),
    METHOD (register, METH_VARARGS, "register(db, coll) -> (ns_idx, db_idx)."),
    METHOD (db_state, METH_O, "db_state(db_idx) -> (state, stalled, applied time)."),
    METHOD (ns_epoch, METH_O, "ns_epoch(ns_idx) -> (epoch, incarnation)."),

@@ -46,6 +46,7 @@ from support import (
     bypass_delta,
     ready_collection,
     served,
+    settled,
     stream_passed_now,
     wait_until,
 )
@@ -773,3 +774,27 @@ def test_a_workers_read_is_served_from_another_workers_entry_of_the_same_result(
         for c in clients:
             c.close()
         owner.stop(timeout=10)
+
+
+def test_a_workers_read_back_of_its_own_write_is_a_miss_while_the_stream_lags(
+    server_uri, client, db_name, proxy, runtime_dir
+):
+    # Shared cache, the owner's stream held: worker 1 writes document 1
+    # through its view. The arena's entries of the document and of a query
+    # of the collection are invalid for worker 1 from its write on: its next
+    # reads of them are misses that read the write, not floor refusals.
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1}, {"_id": 2, "k": "b", "v": 1})
+    with _two_workers(server_uri, proxy) as (owner, (w1, w2)):
+        c1, c2 = (ready_collection(m, db_name, "items") for m in (w1, w2))
+        assert c1.find_one({"_id": 1})["v"] == 1 and c1.count_documents({"v": 2}) == 0
+        wait_until(lambda: owner.snapshot()["entries"] == 2, what="worker 1's entries are in the arena")
+        for m, coll in ((w1, c1), (w2, c2)):
+            settled(m, db_name)
+            assert served(m, lambda coll=coll: coll.find_one({"_id": 1}))["v"] == 1
+        with _held(proxy):
+            c1.update_one({"_id": 1}, {"$set": {"v": 2}})
+            before = w1.snapshot()
+            assert c1.find_one({"_id": 1})["v"] == 2
+            assert c1.count_documents({"v": 2}) == 1
+            after = w1.snapshot()
+            assert (after.misses - before.misses, after.behind - before.behind, _delta(w1, before)) == (2, 0, {})

@@ -221,11 +221,15 @@ class Cache:
         """Refuse every entry of the database (``held``), or stop: a
         transaction of this process wrote there and has not ended."""
 
-    def invalidate_written(self, ns_idx: int, filter: bytes | None, /) -> bool:
+    def invalidate_written(
+        self, db_idx: int, ns_idx: int, filter: bytes | None, cluster_time: int, monotonic_ns: int, /
+    ) -> None:
         """This process wrote the document ``filter`` (``{"_id": v}``; any
-        other filter or None: somewhere in the namespace): invalidate its
-        entries now, as the write's change event will. False in a worker,
-        which cannot write the arena."""
+        other filter or None: somewhere in the namespace), observed with
+        those bounds: its identity entries and the namespace's query entries
+        are invalid until the stream applies the write. A process-local
+        cache invalidates them now; a worker's lookups of them are misses
+        (not refusals) until then."""
 
     def register(self, db: str, coll: str, /) -> tuple[int, int]:
         """``(ns_idx, db_idx)``; starts the database's follower."""

@@ -450,19 +450,21 @@ class Engine:
                 native.observe(scope, db_idx, ns_idx, filter_bytes, ts, now, read_id)
         return ts, now
 
-    def invalidate_written(self, db: str, ns: NamespaceHandle, filter_bytes: bytes | None) -> None:
+    def invalidate_written(
+        self, db: str, ns: NamespaceHandle, filter_bytes: bytes | None, bounds: tuple[int, int]
+    ) -> None:
         """A view's write of ``ns`` (of the one document ``filter_bytes``,
-        ``{"_id": v}``, or None: anywhere in it) went to MongoDB: in a
-        process-local cache, invalidate its entries now, as the write's
-        change event will (the next read is a miss, not a refusal by the
-        floor). A worker cannot write the owner's arena: there the event
-        does it. Never raises (it runs after the caller's write)."""
+        ``{"_id": v}``, or None: anywhere in it), observed with ``bounds``,
+        went to MongoDB: the entries it may have changed are invalid until
+        the stream applies it, and the next read of them is a miss, not a
+        refusal by the floor (Cache.invalidate_written). Never raises (it
+        runs after the caller's write)."""
         with self._lock:
             native, db_idx = self.native, self._db_idx.get(db)
-        if self.link is not None or db_idx is None or ns.unavailable or ns.db_idx != db_idx:
+        if db_idx is None or ns.unavailable or ns.db_idx != db_idx:
             return
         with contextlib.suppress(CacheClosedError, CacheForkedError):
-            native.invalidate_written(ns.ns_idx, filter_bytes)
+            native.invalidate_written(db_idx, ns.ns_idx, filter_bytes, *bounds)
 
     def client_time(self) -> int:
         """The client's highest cluster time (at least 1)."""

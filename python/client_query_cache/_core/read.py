@@ -485,11 +485,11 @@ class CollectionCore(CoreBase):
                 except (bson.errors.BSONError, TypeError, ValueError, OverflowError):
                     encoded = None
                 if encoded is not None:
-                    self.engine.observe(self._db_name, read_id, self.ns, encoded)
-                    self.engine.invalidate_written(self._db_name, self.ns, encoded)
+                    bounds = self.engine.observe(self._db_name, read_id, self.ns, encoded)
+                    self.engine.invalidate_written(self._db_name, self.ns, encoded, bounds)
                     return
-        self.observe(read_id)
-        self.engine.invalidate_written(self._db_name, self.ns, None)
+        bounds = self.observe(read_id)
+        self.engine.invalidate_written(self._db_name, self.ns, None, bounds)
 
 
 def _same_part(entry: bytes | None, part: Any, offset: int) -> bool:
