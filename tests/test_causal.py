@@ -706,6 +706,62 @@ def test_activity_on_the_same_client_during_a_miss_does_not_make_its_entry_newer
         client.drop_database(other_db)
 
 
+async def test_another_tasks_activity_during_a_miss_does_not_make_its_entry_newer(
+    server_uri, client, other_client, db_name, proxy, monkeypatch
+):
+    # The asyncio form of the test above: task A's miss of document 1 has
+    # read version 1 and waits, its reply processed, before the cache sees
+    # its result; meanwhile another client writes version 2 and task B, on
+    # the same client, reads a view of another database, which moves the
+    # client's cluster time past that write. Once the process has read
+    # version 2, A's entry must not be served.
+    from client_query_cache import AsyncCacheManager
+    from client_query_cache._core.read import CollectionCore
+
+    other_db = f"{db_name}_o"
+    _seed(client, db_name, {"_id": 1, "k": "a", "v": 1})
+    client[other_db].items.insert_one({"_id": 1})
+    mongo: pymongo.AsyncMongoClient = pymongo.AsyncMongoClient(server_uri)
+    cache = AsyncCacheManager(mongo, stream_uri=proxy.uri, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    try:
+        coll, elsewhere = cache[db_name].items, cache[other_db].items
+        for c, name in ((coll, db_name), (elsewhere, other_db)):
+            assert await c.find_one({"_id": 0}) is None
+            assert await cache.wait_ready(DEADLINE_S, database=name)
+        reached, release = asyncio.Event(), asyncio.Event()
+        real = CollectionCore.miss_read
+        gated: list[Any] = []
+
+        def miss_read(core: Any, step: Any) -> Any:
+            read = real(core, step)
+            if gated or core.ns.db != db_name or step.plan.filter_bytes is None:
+                return read
+            gated.append(step)
+
+            async def held() -> Any:
+                result = await read
+                reached.set()
+                await release.wait()
+                return result
+
+            return held()
+
+        monkeypatch.setattr(CollectionCore, "miss_read", miss_read)
+        with _held(proxy):
+            a = asyncio.create_task(coll.find_one({"_id": 1}))
+            await asyncio.wait_for(reached.wait(), DEADLINE_S)
+            other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+            assert await elsewhere.find_one({"_id": 1}) == {"_id": 1}  # task B
+            release.set()
+            assert (await a)["v"] == 1
+            assert (await coll.find_one({"k": "a"}))["v"] == 2  # the process reads version 2
+            assert (await coll.find_one({"_id": 1}))["v"] == 2
+    finally:
+        await cache.close()
+        await mongo.close()
+        client.drop_database(other_db)
+
+
 def test_a_hit_on_another_workers_newer_entry_holds_back_an_older_own_entry(
     server_uri, client, other_client, db_name, proxy, runtime_dir
 ):
