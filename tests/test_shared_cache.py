@@ -1336,6 +1336,52 @@ def test_the_owner_answers_each_json_request_and_hangs_up_on_anything_else(runti
         owner.stop()
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [b"not json\n", b"[1, 2]\n", b'{"ok": true}\n', b'{"ok": true, "snapshot": [1]}\n', b""],
+    ids=["text", "array", "no-snapshot", "snapshot-not-an-object", "hang-up"],
+)
+def test_an_owner_reply_that_is_no_control_message_is_a_shared_cache_error(runtime_dir, reply):
+    # Something answers on the owner's socket (this user's, so trusted to
+    # connect to) with what no owner sends: snapshot() raises
+    # SharedCacheError, and stop() returns (there is nothing it can stop).
+    import socket as socket_module
+
+    from client_query_cache._core.shared import paths_for
+
+    name = f"fake-{uuid.uuid4().hex[:8]}"
+    listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    listener.bind(paths_for(name, create=True)["sock"])
+    listener.listen(4)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(reply)
+
+    server = threading.Thread(target=answer, daemon=True)
+    server.start()
+    try:
+        fake = SharedCache(name, None, os.getpid())
+        with pytest.raises(SharedCacheError, match="the owner"):
+            fake.snapshot()
+        fake.stop(timeout=1)
+    finally:
+        stop.set()
+        listener.close()
+        server.join(5)
+
+
 #: Lines that are no control message: not an object, two values, NaN, bad
 #: UTF-8, truncated objects and strings.
 NOT_MESSAGES = [

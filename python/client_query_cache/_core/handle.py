@@ -144,7 +144,12 @@ class SharedCache:
                 raise SharedCacheError("the owner runs as another user")
             send_message(sock, {"op": op})
             with sock.makefile("rb") as reader:
-                reply = recv_message(reader)
+                try:
+                    reply = recv_message(reader)
+                except ValueError:
+                    raise SharedCacheError(
+                        f"the owner of {self.name!r} answered {op!r} with something that is not a control message"
+                    ) from None
         if not reply or not reply.get("ok"):
             raise SharedCacheError(f"the owner refused {op!r}")
         return reply
@@ -152,7 +157,10 @@ class SharedCache:
     def snapshot(self) -> dict[str, Any]:
         """Group statistics: arena bytes, entries, evictions, invalidations,
         admissions, attached workers, active streams, owner uptime."""
-        return dict(self._request("snapshot")["snapshot"])
+        snapshot = self._request("snapshot").get("snapshot")
+        if not isinstance(snapshot, dict):
+            raise SharedCacheError(f"the owner of {self.name!r} answered 'snapshot' without a snapshot")
+        return dict(snapshot)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the owner; workers fall back to MongoDB until one runs again."""
