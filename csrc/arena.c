@@ -261,7 +261,7 @@ cqc_arena_r_db_state (const cqc_arena_t *a, uint32_t db_idx, bool *stalled)
    beat = LOAD (&a->hdr->heartbeat_ns);
    st = LOAD (&d->health);
    if (st != CQC_STREAM_HEALTHY) {
-      return st > CQC_STREAM_CLOSED ? CQC_STREAM_FAILED : (cqc_stream_state_t) st;
+      return st > CQC_STREAM_STARTUP_FAILED ? CQC_STREAM_FAILED : (cqc_stream_state_t) st;
    }
    now = cqc_now_ns ();
    if (beat_timeout && now > beat + beat_timeout) {

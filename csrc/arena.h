@@ -67,6 +67,7 @@ typedef enum {
    CQC_STREAM_RECONNECTING = 3,
    CQC_STREAM_FAILED = 4,
    CQC_STREAM_CLOSED = 5,
+   CQC_STREAM_STARTUP_FAILED = 6, /* never opened: the server refused it */
 } cqc_stream_state_t;
 
 /* Result of a reader lookup. */

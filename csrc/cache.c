@@ -590,7 +590,7 @@ cqc_cache_db_report (cqc_cache_t *c, uint32_t db_idx, cqc_db_report_t *out)
    if (c->mode == CQC_MODE_WORKER) {
       /* The owner's followers, as published in the arena. */
       out->info.state = (cqc_stream_state_t) __atomic_load_n (&db->health, __ATOMIC_ACQUIRE);
-      if (out->info.state > CQC_STREAM_CLOSED) {
+      if (out->info.state > CQC_STREAM_STARTUP_FAILED) {
          out->info.state = CQC_STREAM_FAILED;
       }
       out->info.events = __atomic_load_n (&db->events, __ATOMIC_ACQUIRE);
@@ -638,6 +638,7 @@ cqc_cache_state_name (cqc_stream_state_t st)
       [CQC_STREAM_NOT_STARTED] = "not_started", [CQC_STREAM_CONNECTING] = "connecting",
       [CQC_STREAM_HEALTHY] = "healthy",         [CQC_STREAM_RECONNECTING] = "reconnecting",
       [CQC_STREAM_FAILED] = "failed",           [CQC_STREAM_CLOSED] = "closed",
+      [CQC_STREAM_STARTUP_FAILED] = "startup_failed",
    };
    return (unsigned) st < sizeof names / sizeof names[0] && names[st] ? names[st] : "closed";
 }

@@ -19,6 +19,9 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define BACKOFF_FAILED_MS 10000
+/* A stream the server refused to start: retried after 1 s, then twice as
+ * long each time, up to BACKOFF_FAILED_MS. */
+#define BACKOFF_STARTUP_MS 1000
 
 struct cqc_stream {
    cqc_writer_t w;
@@ -481,6 +484,17 @@ is_history_lost (const bson_error_t *e)
           e->code == ERR_CAPPED_POSITION_LOST;
 }
 
+/* Whether the server refused this side's credentials or rights: libmongoc's
+ * authentication failure (its handshake's, which server selection reports),
+ * or the server's AuthenticationFailed (18) or Unauthorized (13). */
+static bool
+is_auth_refusal (const bson_error_t *e)
+{
+   return (e->domain == MONGOC_ERROR_CLIENT && e->code == MONGOC_ERROR_CLIENT_AUTHENTICATE) ||
+          (!is_network_error (e) && (e->code == 18 || e->code == 13)) ||
+          (e->domain == MONGOC_ERROR_SERVER_SELECTION && strstr (e->message, "uthentication failed"));
+}
+
 /* Decide what an error means. Returns the backoff in ms before retrying. */
 static int64_t
 handle_error (cqc_stream_t *s, follow_t *f, const bson_error_t *e, int64_t *backoff)
@@ -493,6 +507,16 @@ handle_error (cqc_stream_t *s, follow_t *f, const bson_error_t *e, int64_t *back
    s->w.arena->dbs[s->db_idx].reconnects++;
    pthread_mutex_unlock (s->w.lock);
 
+   if (!f->ever_healthy && (is_auth_refusal (e) || (!is_network_error (e) && !is_history_lost (e)))) {
+      /* The stream never opened, and the server refused it (the
+       * credentials, the rights, a deployment without change streams):
+       * nothing to resume, and a quick retry would be refused again. */
+      set_state (s, CQC_STREAM_STARTUP_FAILED);
+      *backoff = *backoff >= BACKOFF_STARTUP_MS
+                    ? (*backoff * 2 > BACKOFF_FAILED_MS ? BACKOFF_FAILED_MS : *backoff * 2)
+                    : BACKOFF_STARTUP_MS;
+      return *backoff;
+   }
    if (is_tls_refusal (e)) {
       /* This side refused the server's certificate: a matter of
        * configuration (the authorities, the name) or of the server's
@@ -716,9 +740,15 @@ stream_main (void *arg)
       mongoc_change_stream_t *cs = NULL;
       const bson_t *reply = NULL;
       bson_t opts = BSON_INITIALIZER;
-      bool ok, reached;
+      bool ok, reached, refused;
 
-      set_state (s, started ? CQC_STREAM_RECONNECTING : CQC_STREAM_CONNECTING);
+      pthread_mutex_lock (&s->mu);
+      refused = s->state == CQC_STREAM_STARTUP_FAILED;
+      pthread_mutex_unlock (&s->mu);
+      if (!refused) {
+         /* A refused start stays reported as such while it is retried. */
+         set_state (s, started ? CQC_STREAM_RECONNECTING : CQC_STREAM_CONNECTING);
+      }
       started = true;
       if (!client) {
          client = make_client (s, &error);

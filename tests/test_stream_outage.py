@@ -317,3 +317,59 @@ def test_lost_history_drops_the_databases_entries_before_caching_resumes(fp_clie
     assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 2}
     assert cache.snapshot().hits == hits  # a miss: the old entry is gone
     _cache_twice(cache, coll, {"_id": 1, "v": 2})
+
+
+# -- a stream the server refuses to start ------------------------------------
+
+
+def _state_after_start(cache: CacheManager, db: str) -> Any:
+    """The database's stream once it left not_started/connecting."""
+
+    def settled() -> Any:
+        streams = [s for s in cache.snapshot().streams if s.database == db]
+        if streams and streams[0].state not in (StreamState.NOT_STARTED, StreamState.CONNECTING):
+            return streams[0]
+        return None
+
+    return wait_until(settled, what=f"the stream of {db} started or was refused")
+
+
+@pytest.mark.skipif(external_uri() is not None, reason="MONGODB_URI is set: the test creates a user")
+def test_a_stream_refused_for_its_password_is_startup_failed_and_retried(client, server_uri, db_name):
+    user, password = f"cqc_{db_name[-8:]}", "right-password"
+    client.admin.command("createUser", user, pwd=password, roles=["root"])
+    wrong = "wrong-password-31337"
+    cache = CacheManager(
+        client, stream_uri=server_uri.replace("mongodb://", f"mongodb://{user}:{wrong}@", 1), max_await_time_ms=200
+    )
+    try:
+        client[db_name].items.insert_one({"_id": 1})
+        coll = cache[db_name].items
+        for _ in range(3):  # reads are PyMongo's meanwhile, right and never cached
+            assert coll.find_one({"_id": 1}) == {"_id": 1}
+        stream = _state_after_start(cache, db_name)
+        assert stream.state is StreamState.STARTUP_FAILED, stream
+        assert "authentication failed" in stream.last_error.lower() and wrong not in stream.last_error
+        # Retried with back-off (1 s, then 2 s), and still reported as refused.
+        first = stream.reconnects
+        wait_until(lambda: _state_after_start(cache, db_name).reconnects > first, what="a second attempt")
+        assert _state_after_start(cache, db_name).state is StreamState.STARTUP_FAILED
+        snap = cache.snapshot()
+        assert snap.hits == 0 and snap.bypasses.get("stream_unhealthy", 0) >= 3, snap
+    finally:
+        cache.close()
+        client.admin.command("dropUser", user)
+
+
+@pytest.mark.skipif(external_uri() is not None, reason="MONGODB_URI is set: the test starts its own server")
+def test_a_standalone_server_makes_the_stream_startup_failed_with_its_reason():
+    with DisposableServer(extra_args=["--standalone"]) as server, pymongo.MongoClient(server.uri) as mongo:
+        cache = CacheManager(mongo, max_await_time_ms=200)
+        try:
+            mongo.d.items.insert_one({"_id": 1})
+            assert cache["d"].items.find_one({"_id": 1}) == {"_id": 1}
+            stream = _state_after_start(cache, "d")
+            assert stream.state is StreamState.STARTUP_FAILED, stream
+            assert "only supported on replica sets" in stream.last_error, stream.last_error
+        finally:
+            cache.close()

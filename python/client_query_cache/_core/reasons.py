@@ -93,4 +93,5 @@ class StreamState(str, enum.Enum):
     HEALTHY = "healthy"
     RECONNECTING = "reconnecting"
     FAILED = "failed"
+    STARTUP_FAILED = "startup_failed"
     CLOSED = "closed"
