@@ -685,6 +685,48 @@ def test_workers_of_a_killed_owner_reattach_to_a_new_owner_of_the_same_name(
     wait_until(lambda: coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}, what="the write is seen")
 
 
+def test_a_restarted_owner_is_fresh_and_its_workers_reattach_by_themselves(group, client, other_client, db_name):
+    seed(client, db_name, "items", [{"_id": 1, "v": 1}])
+    owner = group.start_owner()
+    (worker,) = group.spawn(1)
+    local = group.manager(client)
+    coll = ready_collection(local, db_name, "items")
+    worker.call("register", db_name, "items")
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the admission is applied")
+    old_pid = owner.pid
+
+    owner.restart(timeout=10)
+    assert owner.pid != old_pid and not _pid_alive(old_pid)
+    assert owner.snapshot()["entries"] == 0  # a fresh arena
+    other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
+    # Both workers find the new owner by themselves and are served from it,
+    # never with the old arena's entry.
+    assert worker.call("read_until_hit", db_name, "items", 1, DEADLINE_S) == [{"_id": 1, "v": 2}]
+    hits = local.snapshot().hits
+    seen: list[Any] = []
+
+    def local_hit() -> bool:
+        seen.append(coll.find_one({"_id": 1}))
+        return local.snapshot().hits > hits
+
+    wait_until(local_hit, what="the in-process manager hits in the new owner's arena")
+    assert all(doc == {"_id": 1, "v": 2} for doc in seen), seen
+    assert owner.snapshot()["attached_workers"] == 2
+    # A handle that did not start its owner cannot restart it.
+    with pytest.raises(SharedCacheError, match="cannot restart"):
+        SharedCache(owner.name, None, owner.pid).restart()
+    assert owner.snapshot()["attached_workers"] == 2
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _hits_after_two_reads(manager: CacheManager, coll: Any, doc: dict[str, Any]) -> bool:
     assert coll.find_one({"_id": doc["_id"]}) == doc
     hits = manager.snapshot().hits

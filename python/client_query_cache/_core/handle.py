@@ -41,6 +41,9 @@ class SharedCache:
         self.name = name
         self._process = process
         self.pid = pid
+        #: start()'s arguments, for restart() (None: a handle not made by
+        #: start(), which cannot restart its owner).
+        self._started: tuple[str, dict[str, Any]] | None = None
 
     @classmethod
     def start(
@@ -133,7 +136,16 @@ class SharedCache:
                 f"the owner of {name!r} did not start: {ready.get('error', 'no answer')}"
             )
         process.stdout.close()  # the owner writes nothing after its ready line
-        return cls(name, process, int(ready["pid"]))
+        handle = cls(name, process, int(ready["pid"]))
+        handle._started = (
+            uri,
+            {
+                "arena_bytes": arena_bytes, "budget_bytes": budget_bytes, "slots": slots,
+                "max_entry_bytes": max_entry_bytes, "max_await_time_ms": max_await_time_ms,
+                "idle_exit_seconds": idle_exit_seconds, "ready_timeout": ready_timeout,
+            },
+        )  # fmt: skip
+        return handle
 
     def _request(self, op: str) -> dict[str, Any]:
         path = paths_for(self.name)["sock"]
@@ -175,6 +187,23 @@ class SharedCache:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Replace the owner with a fresh one of the same name and options
+        (an empty arena, new streams): the old one is stopped as ``stop()``
+        does, then one is started as ``start()`` did. Workers bypass
+        (``owner_unavailable``) from the moment they see the old owner gone
+        until they have re-attached to the new one, by themselves, within
+        about a second of it accepting workers; no entry of the old arena
+        is served after that. Raises ``SharedCacheError`` if this handle was
+        not made by ``start()`` or the new owner does not start (the old one
+        is stopped either way)."""
+        if self._started is None:
+            raise SharedCacheError(f"this handle of {self.name!r} did not start its owner: it cannot restart it")
+        uri, options = self._started
+        self.stop(timeout)
+        fresh = type(self).start(self.name, uri, **options)
+        self._process, self.pid = fresh._process, fresh.pid
 
     def __enter__(self) -> SharedCache:
         return self
