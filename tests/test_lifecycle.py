@@ -23,9 +23,10 @@ from client_query_cache import (
     CacheConfigurationError,
     CacheForkedError,
     CacheManager,
+    SharedCacheConfig,
     StreamState,
 )
-from support import Driver, connections_named, ready_collection, with_app_name
+from support import Driver, connections_named, ready_collection, served, with_app_name
 
 MiB = 1024 * 1024
 
@@ -365,3 +366,30 @@ def test_a_manager_used_in_a_forked_child_raises_cache_forked_error(manager, cli
     assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
     assert manager.snapshot().hits == hits + 1
     assert issubclass(CacheForkedError, RuntimeError)
+
+
+# -- max_namespaces ------------------------------------------------------------
+
+
+def test_collections_past_max_namespaces_bypass_with_their_reason(make_manager, client, db_name):
+    for name in ("a", "b", "c"):
+        client[db_name][name].insert_one({"_id": 1, "c": name})
+    cache = make_manager(max_namespaces=2)
+    assert cache.config.max_namespaces == 2
+    a, b = (ready_collection(cache, db_name, n) for n in ("a", "b"))
+    c = cache[db_name]["c"]
+    for _ in range(3):
+        assert c.find_one({"_id": 1}) == {"_id": 1, "c": "c"}  # PyMongo's, every time
+    snap = cache.snapshot()
+    assert snap.bypasses.get("namespace_limit") == 3, snap
+    # The two first are cached as ever.
+    for coll, name in ((a, "a"), (b, "b")):
+        assert served(cache, lambda coll=coll: coll.find_one({"_id": 1})) == {"_id": 1, "c": name}
+
+
+@pytest.mark.parametrize("bad", [0, 769, True, 1.5, "2"])
+def test_max_namespaces_out_of_range_is_a_configuration_error(client, bad):
+    with pytest.raises(CacheConfigurationError, match="max_namespaces"):
+        CacheManager(client, max_namespaces=bad)
+    with pytest.raises(CacheConfigurationError, match="max_namespaces"):
+        SharedCacheConfig("n", max_namespaces=bad)

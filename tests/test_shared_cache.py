@@ -47,7 +47,7 @@ from client_query_cache import (
     SharedCacheError,
 )
 from client_query_cache._core.engine import NO_STAMP
-from support import DEADLINE_S, TEST_MAX_AWAIT_MS, ready_collection, settled, wait_until
+from support import DEADLINE_S, TEST_MAX_AWAIT_MS, ready_collection, served, settled, wait_until
 
 #: The bound the issue sets on how long workers keep serving from the arena of
 #: an owner that died (its heartbeat timeout is shorter), and the slack a
@@ -717,6 +717,25 @@ def test_a_restarted_owner_is_fresh_and_its_workers_reattach_by_themselves(group
     with pytest.raises(SharedCacheError, match="cannot restart"):
         SharedCache(owner.name, None, owner.pid).restart()
     assert owner.snapshot()["attached_workers"] == 2
+
+
+def test_an_owners_max_namespaces_caps_what_all_its_workers_cache(group, client, db_name):
+    for name in ("a", "b"):
+        seed(client, db_name, name, [{"_id": 1, "c": name}])
+    owner = group.start_owner(max_namespaces=1)
+    first, second = group.manager(client), group.manager(client)
+    a = ready_collection(first, db_name, "a")
+    assert a.find_one({"_id": 1}) == {"_id": 1, "c": "a"}
+    # The other worker's collection is one too many for the owner.
+    b = second[db_name]["b"]
+    for _ in range(2):
+        assert b.find_one({"_id": 1}) == {"_id": 1, "c": "b"}
+    assert second.snapshot().bypasses.get("namespace_limit") == 2, second.snapshot()
+    snap = owner.snapshot()
+    assert (snap["namespaces"], snap["max_namespaces"]) == (1, 1)
+    # The collection within the cap is shared as ever.
+    wait_until(lambda: owner.snapshot()["entries"] == 1, what="the admission is applied")
+    assert served(second, lambda: second[db_name]["a"].find_one({"_id": 1})) == {"_id": 1, "c": "a"}
 
 
 def _pid_alive(pid: int) -> bool:

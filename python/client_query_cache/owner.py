@@ -78,6 +78,13 @@ class _Owner:
             raise ValueError("the configuration lacks the identity's salt")
         self.identity = identity
         self.identity_salt = salt
+        #: The namespaces workers registered, at most max_namespaces (None:
+        #: the arena's table is the only limit).
+        limit = config.get("max_namespaces")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError("the configuration's max_namespaces is not valid")
+        self.max_namespaces = limit
+        self.namespaces: set[tuple[str, str]] = set()
         self.max_entry_bytes = int(config["max_entry_bytes"])
         self.max_await_time_ms = int(config["max_await_time_ms"])
         self.paths = paths_for(self.name, create=True)
@@ -143,6 +150,8 @@ class _Owner:
             },
             "admissions_dropped": stats["ring_dropped"],
             "attached_workers": stats["attached_rings"],
+            "namespaces": len(self.namespaces),
+            "max_namespaces": self.max_namespaces,
             "active_streams": sum(1 for s in streams if s["state"] not in ("closed", "not_started")),
             "streams": [
                 {k: s[k] for k in ("database", "state", "events", "reconnects", "history_lost")}
@@ -195,8 +204,20 @@ class _Owner:
                             "max_await_time_ms": self.max_await_time_ms,
                         }
                     elif op == "register":
-                        ns_idx, db_idx = self.native.register(str(msg["db"]), str(msg["coll"]))
-                        reply = {"ok": True, "ns_idx": ns_idx, "db_idx": db_idx}
+                        key = (str(msg["db"]), str(msg["coll"]))
+                        with self.lock:
+                            limited = (
+                                self.max_namespaces is not None
+                                and key not in self.namespaces
+                                and len(self.namespaces) >= self.max_namespaces
+                            )
+                        if limited:
+                            reply = {"ok": True, "limited": True}
+                        else:
+                            ns_idx, db_idx = self.native.register(*key)
+                            with self.lock:
+                                self.namespaces.add(key)
+                            reply = {"ok": True, "ns_idx": ns_idx, "db_idx": db_idx}
                     elif op == "snapshot":
                         reply = {"ok": True, "snapshot": self.snapshot()}
                     elif op == "stop":

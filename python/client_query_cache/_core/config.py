@@ -61,6 +61,17 @@ def check_connection_string(name: str, value: object) -> str:
     return value
 
 
+#: The most namespaces an arena's table holds (csrc/arena.c: 1,024 cells,
+#: filled to three quarters).
+MAX_NAMESPACES = 768
+
+
+def check_max_namespaces(name: str, value: object) -> None:
+    """None (the arena's table is the only limit) or 1..MAX_NAMESPACES."""
+    if value is not None:
+        _int_arg(name, value, 1, MAX_NAMESPACES)
+
+
 def check_owner_options(
     *,
     arena_bytes: object,
@@ -95,6 +106,10 @@ class CacheConfig:
     made progress within ``2 * max_await_time_ms + 2000`` ms stops serving.
     ``slot_count`` is the capacity of the entry table (rounded up to a power of
     two; default: one slot per 2 KiB of budget, at least 1024).
+    ``max_namespaces`` caps the collections the cache tracks (each costs a
+    table cell, and each new database a change stream): reads of one more
+    bypass with reason ``namespace_limit`` (default None: the arena's table,
+    768 namespaces, is the limit).
     """
 
     budget_bytes: int = 64 * MiB
@@ -102,6 +117,7 @@ class CacheConfig:
     max_await_time_ms: int = 1000
     slot_count: int | None = None
     stream_uri: str | None = None
+    max_namespaces: int | None = None
 
     def __post_init__(self) -> None:
         _int_arg("budget_bytes", self.budget_bytes, _MIN_BUDGET, _MAX_BUDGET)
@@ -111,6 +127,7 @@ class CacheConfig:
             _int_arg("slot_count", self.slot_count, _MIN_SLOTS, _MAX_SLOTS)
         if self.stream_uri is not None:
             check_connection_string("stream_uri", self.stream_uri)
+        check_max_namespaces("max_namespaces", self.max_namespaces)
 
     @staticmethod
     def default_max_entry_bytes(budget_bytes: object) -> int:

@@ -111,8 +111,8 @@ class NamespaceHandle:
     """One registered namespace and the verdict of its last probe."""
 
     __slots__ = (
-        "db", "coll", "ns_idx", "db_idx", "unavailable", "retry_at", "probe_key", "probe_verdict", "unique",
-        "collation",
+        "db", "coll", "ns_idx", "db_idx", "unavailable", "limited", "retry_at", "probe_key", "probe_verdict",
+        "unique", "collation",
     )  # fmt: skip
 
     def __init__(self, db: str, coll: str) -> None:
@@ -121,6 +121,8 @@ class NamespaceHandle:
         self.ns_idx = 0
         self.db_idx = 0
         self.unavailable = False
+        #: Unavailable because the cache tracks max_namespaces already.
+        self.limited = False
         #: For an unavailable handle: when to try registering again (0: never).
         self.retry_at = 0.0
         self.probe_key: tuple[int, int] | None = None
@@ -345,12 +347,17 @@ class Engine:
         with self._lock:
             handle = self._namespaces.get(key)
             if handle is None:
+                limit = self.config.max_namespaces
+                if limit is not None and sum(not h.unavailable for h in self._namespaces.values()) >= limit:
+                    return self._limited()  # this manager's own cap
                 handle = NamespaceHandle(db, coll)
                 try:
                     if self.link is None:
                         handle.ns_idx, handle.db_idx = self.native.register(db, coll)
                     else:
                         reply = self.link.request("register", db=db, coll=coll)
+                        if reply.get("limited"):
+                            return self._limited()  # the owner's cap
                         handle.ns_idx, handle.db_idx = int(reply["ns_idx"]), int(reply["db_idx"])
                 except ValueError:
                     handle.unavailable = True  # table full, name too long: for good
@@ -371,6 +378,16 @@ class Engine:
                     if db in self._transactions:
                         self.native.hold(handle.db_idx, True)
                 self._namespaces[key] = handle
+        return handle
+
+    @staticmethod
+    def _limited() -> NamespaceHandle:
+        """A handle of a namespace past max_namespaces: it bypasses
+        (``namespace_limit``), and is asked for again after RETRY_S (an
+        owner restarted meanwhile may have room)."""
+        handle = NamespaceHandle("", "")
+        handle.unavailable = handle.limited = True
+        handle.retry_at = time.monotonic() + RETRY_S
         return handle
 
     @staticmethod

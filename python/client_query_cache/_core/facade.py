@@ -175,6 +175,7 @@ class ManagerBase:
         slot_count: int | None = None,
         stream_uri: str | None = None,
         shared: str | SharedCacheConfig | None = None,
+        max_namespaces: int | None = None,
     ) -> None:
         if not isinstance(client, self._client_type):
             raise CacheConfigurationError(
@@ -195,6 +196,7 @@ class ManagerBase:
             max_await_time_ms=max_await_time_ms,
             slot_count=slot_count,
             stream_uri=stream_uri,
+            max_namespaces=max_namespaces,
         )
         self._client = client
 

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from .config import MiB, check_owner_options, check_seconds
+from .config import MiB, check_max_namespaces, check_owner_options, check_seconds
 from .errors import CacheConfigurationError
 from .shared import (
     OwnerLink,
@@ -58,6 +58,7 @@ class SharedCache:
         max_await_time_ms: int = 1000,
         idle_exit_seconds: float | None = None,
         ready_timeout: float = 60.0,
+        max_namespaces: int | None = None,
     ) -> SharedCache:
         """Start the owner of shared cache ``name`` for the deployment at
         ``uri``, and return once it accepts workers. With
@@ -75,6 +76,7 @@ class SharedCache:
             max_entry_bytes=max_entry_bytes,
             max_await_time_ms=max_await_time_ms,
         )
+        check_max_namespaces("max_namespaces", max_namespaces)
         if idle_exit_seconds is not None:
             idle_exit_seconds = check_seconds("idle_exit_seconds", idle_exit_seconds)
         ready_timeout = check_seconds("ready_timeout", ready_timeout)
@@ -97,6 +99,7 @@ class SharedCache:
             "deployment": deployment,
             "identity": identity,
             "identity_salt": salt,
+            "max_namespaces": max_namespaces,
             "arena_bytes": arena_bytes or 0,
             "budget_bytes": budget_bytes,
             "slots": slots,
@@ -143,6 +146,7 @@ class SharedCache:
                 "arena_bytes": arena_bytes, "budget_bytes": budget_bytes, "slots": slots,
                 "max_entry_bytes": max_entry_bytes, "max_await_time_ms": max_await_time_ms,
                 "idle_exit_seconds": idle_exit_seconds, "ready_timeout": ready_timeout,
+                "max_namespaces": max_namespaces,
             },
         )  # fmt: skip
         return handle
@@ -234,9 +238,11 @@ class SharedCacheConfig:
     max_entry_bytes: int = 1 * MiB
     max_await_time_ms: int = 1000
     grace_seconds: float = 5.0
+    max_namespaces: int | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name)
+        check_max_namespaces("SharedCacheConfig.max_namespaces", self.max_namespaces)
         if not isinstance(self.start_owner, bool):
             raise CacheConfigurationError("start_owner must be a bool")
         if isinstance(self.grace_seconds, bool) or not isinstance(self.grace_seconds, (int, float)) or self.grace_seconds < 0:
@@ -268,6 +274,7 @@ def attach_or_start(config: SharedCacheConfig, derived_uri: str) -> OwnerLink:
                 max_entry_bytes=config.max_entry_bytes,
                 max_await_time_ms=config.max_await_time_ms,
                 idle_exit_seconds=float(config.grace_seconds),
+                max_namespaces=config.max_namespaces,
             )
         except SharedCacheError:
             pass  # lost a race with an owner started by other means: attach to it

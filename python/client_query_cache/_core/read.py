@@ -175,7 +175,7 @@ class CollectionCore(CoreBase):
         self.db_idx = self.ns.db_idx
         self.bypass = self._base_bypass
         if self.bypass is None and self.ns.unavailable:
-            self.bypass = BypassReason.NAMESPACE_UNAVAILABLE
+            self.bypass = BypassReason.NAMESPACE_LIMIT if self.ns.limited else BypassReason.NAMESPACE_UNAVAILABLE
         self.fast = self.bypass is None
 
     # -- starting a read -------------------------------------------------------

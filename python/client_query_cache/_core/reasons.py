@@ -56,6 +56,8 @@ class BypassReason(str, enum.Enum):
     MISSING_COLLECTION = "missing_collection"
     #: The arena's namespace or database table is full.
     NAMESPACE_UNAVAILABLE = "namespace_unavailable"
+    #: The cache already tracks ``max_namespaces`` namespaces.
+    NAMESPACE_LIMIT = "namespace_limit"
 
 
 class RejectReason(str, enum.Enum):
