@@ -831,16 +831,17 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
       return NULL;
    }
    for (i = 0; cqc_cache_db_report (&self->c, i, &r); i++) {
-      d = Py_BuildValue ("{s:s#,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s,s:(II)}", "database", r.name,
-                         (Py_ssize_t) r.name_len, "db_idx", i, "state",
-                         cqc_cache_state_name (r.info.state), "stalled",
-                         r.stalled ? Py_True : Py_False, "events",
-                         (unsigned long long) r.info.events, "reconnects",
-                         (unsigned long long) r.info.reconnects, "history_lost",
-                         (unsigned long long) r.info.history_lost, "incarnation", r.incarnation,
-                         "last_error", r.info.last_error, "applied_time",
-                         (unsigned int) (r.applied >> 32),
-                         (unsigned int) (r.applied & 0xffffffffu));
+      d = Py_BuildValue (
+         "{s:s#,s:I,s:s,s:O,s:K,s:K,s:K,s:I,s:s,s:(II),s:K,s:K,s:K,s:(Iddd)}", "database", r.name,
+         (Py_ssize_t) r.name_len, "db_idx", i, "state", cqc_cache_state_name (r.info.state),
+         "stalled", r.stalled ? Py_True : Py_False, "events", (unsigned long long) r.info.events,
+         "reconnects", (unsigned long long) r.info.reconnects, "history_lost",
+         (unsigned long long) r.info.history_lost, "incarnation", r.incarnation, "last_error",
+         r.info.last_error, "applied_time", (unsigned int) (r.applied >> 32),
+         (unsigned int) (r.applied & 0xffffffffu), "getmores", (unsigned long long) r.info.getmores,
+         "event_bytes", (unsigned long long) r.info.event_bytes, "invalidations",
+         (unsigned long long) r.info.invalidations, "lag", r.info.lag_samples, r.info.lag_p50_ms,
+         r.info.lag_p95_ms, r.info.lag_max_ms);
       if (!d || PyList_Append (list, d) < 0) {
          Py_XDECREF (d);
          Py_DECREF (list);

@@ -42,6 +42,11 @@ struct cqc_stream {
    uint64_t events;
    uint64_t reconnects;
    uint64_t history_lost;
+   uint64_t getmores;
+   uint64_t event_bytes;
+   uint64_t invalidations;
+   uint32_t lag_us[CQC_LAG_WINDOW]; /* a ring of the latest lags */
+   uint64_t lag_count;              /* every sample ever (the ring's head) */
    char last_error[256];
 };
 
@@ -287,7 +292,9 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
    uint32_t db_len, coll_len, to_db_len, to_coll_len, ns_idx;
    bool invalidated = false;
    bool have_time = false;
+   bool untouched = false;
    uint32_t ev_t = 0, ev_i = 0;
+   int64_t wall_ms = 0;
 
    if (bson_iter_init_find (&it, doc, "operationType") && BSON_ITER_HOLDS_UTF8 (&it)) {
       op = bson_iter_utf8 (&it, NULL);
@@ -304,7 +311,9 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
    pthread_mutex_lock (s->w.lock);
    if (!strcmp (op, "insert") || !strcmp (op, "update") || !strcmp (op, "replace") ||
        !strcmp (op, "delete")) {
+      untouched = true; /* unless the namespace is cached here */
       if (db && coll && cqc_arena_w_ns_lookup (a, db, db_len, coll, coll_len, &ns_idx)) {
+         untouched = false;
          uint64_t h;
          bool ok;
          if (bson_iter_init (&it, doc) &&
@@ -347,8 +356,23 @@ apply_event (cqc_stream_t *s, follow_t *f, const bson_t *doc)
    cqc_arena_w_progress (a, s->db_idx);
    pthread_mutex_unlock (s->w.lock);
 
+   if (bson_iter_init_find (&it, doc, "wallTime") && BSON_ITER_HOLDS_DATE_TIME (&it)) {
+      wall_ms = bson_iter_date_time (&it);
+   }
    pthread_mutex_lock (&s->mu);
    s->events++;
+   s->event_bytes += doc->len;
+   s->invalidations += untouched ? 0 : 1;
+   if (wall_ms > 0) {
+      struct timespec now;
+      int64_t lag_us;
+
+      clock_gettime (CLOCK_REALTIME, &now);
+      lag_us = ((int64_t) now.tv_sec * 1000 + now.tv_nsec / 1000000 - wall_ms) * 1000 +
+               (now.tv_nsec / 1000) % 1000;
+      lag_us = lag_us < 0 ? 0 : lag_us > (int64_t) UINT32_MAX ? (int64_t) UINT32_MAX : lag_us;
+      s->lag_us[s->lag_count++ % CQC_LAG_WINDOW] = (uint32_t) lag_us;
+   }
    pthread_mutex_unlock (&s->mu);
    return invalidated;
 }
@@ -398,6 +422,19 @@ set_trust (const cqc_stream_t *s, const mongoc_uri_t *uri, mongoc_client_t *clie
 }
 #endif
 
+/* Counts the getMores the follower's client sends (libmongoc's APM). */
+static void
+command_started (const mongoc_apm_command_started_t *event)
+{
+   cqc_stream_t *s = mongoc_apm_command_started_get_context (event);
+
+   if (!strcmp (mongoc_apm_command_started_get_command_name (event), "getMore")) {
+      pthread_mutex_lock (&s->mu);
+      s->getmores++;
+      pthread_mutex_unlock (&s->mu);
+   }
+}
+
 static mongoc_client_t *
 make_client (cqc_stream_t *s, bson_error_t *error)
 {
@@ -416,6 +453,11 @@ make_client (cqc_stream_t *s, bson_error_t *error)
    }
    client = mongoc_client_new_from_uri_with_error (uri, error);
    if (client) {
+      mongoc_apm_callbacks_t *apm = mongoc_apm_callbacks_new ();
+
+      mongoc_apm_set_command_started_cb (apm, command_started);
+      mongoc_client_set_apm_callbacks (client, apm, s); /* copies them */
+      mongoc_apm_callbacks_destroy (apm);
       mongoc_client_set_error_api (client, MONGOC_ERROR_API_VERSION_2);
 #ifdef MONGOC_ENABLE_SSL
       set_trust (s, uri, client);
@@ -734,7 +776,8 @@ stream_main (void *arg)
 
    pipeline = BCON_NEW ("pipeline", "[", "{", "$project", "{", "operationType", BCON_INT32 (1),
                         "ns", BCON_INT32 (1), "documentKey", BCON_INT32 (1), "clusterTime",
-                        BCON_INT32 (1), "to", BCON_INT32 (1), "}", "}", "]");
+                        BCON_INT32 (1), "wallTime", BCON_INT32 (1), "to", BCON_INT32 (1), "}",
+                        "}", "]");
 
    while (!should_stop (s)) {
       mongoc_change_stream_t *cs = NULL;
@@ -901,14 +944,36 @@ cqc_stream_destroy_keep_info (cqc_stream_t *s, cqc_stream_info_t *out)
    cqc_stream_destroy (s);
 }
 
+static int
+cmp_u32 (const void *x, const void *y)
+{
+   uint32_t a = *(const uint32_t *) x, b = *(const uint32_t *) y;
+   return a < b ? -1 : a > b;
+}
+
 void
 cqc_stream_get_info (cqc_stream_t *s, cqc_stream_info_t *out)
 {
+   uint32_t lags[CQC_LAG_WINDOW], n;
+
    pthread_mutex_lock (&s->mu);
    out->state = s->state;
    out->events = s->events;
    out->reconnects = s->reconnects;
    out->history_lost = s->history_lost;
+   out->getmores = s->getmores;
+   out->event_bytes = s->event_bytes;
+   out->invalidations = s->invalidations;
+   n = s->lag_count < CQC_LAG_WINDOW ? (uint32_t) s->lag_count : CQC_LAG_WINDOW;
+   memcpy (lags, s->lag_us, n * sizeof lags[0]);
    memcpy (out->last_error, s->last_error, sizeof out->last_error);
    pthread_mutex_unlock (&s->mu);
+   out->lag_samples = n;
+   out->lag_p50_ms = out->lag_p95_ms = out->lag_max_ms = 0.0;
+   if (n) {
+      qsort (lags, n, sizeof lags[0], cmp_u32);
+      out->lag_p50_ms = lags[(n - 1) / 2] / 1000.0;
+      out->lag_p95_ms = lags[(uint32_t) ((n - 1) * 95ull / 100)] / 1000.0;
+      out->lag_max_ms = lags[n - 1] / 1000.0;
+   }
 }

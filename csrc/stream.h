@@ -45,11 +45,23 @@
 
 typedef struct cqc_stream cqc_stream_t;
 
+/* Invalidation lag samples kept per follower (the latest ones). */
+#define CQC_LAG_WINDOW 256u
+
 typedef struct {
    cqc_stream_state_t state;
    uint64_t events;
    uint64_t reconnects;
    uint64_t history_lost;
+   uint64_t getmores;      /* getMore commands sent */
+   uint64_t event_bytes;   /* bytes of the change events received */
+   uint64_t invalidations; /* events that invalidated entries of the arena */
+   /* From an event's wallTime to its application in the arena, over the
+    * latest lag_samples events (at most CQC_LAG_WINDOW), in ms. */
+   uint32_t lag_samples;
+   double lag_p50_ms;
+   double lag_p95_ms;
+   double lag_max_ms;
    char last_error[256];
 } cqc_stream_info_t;
 

@@ -67,6 +67,17 @@ def expected(snapshot: CacheSnapshot, base: dict[str, Any]) -> Points:
         out[("cqc.stream.events", db)] = stream.events
         out[("cqc.stream.reconnects", db)] = stream.reconnects
         out[("cqc.stream.history_lost", db)] = stream.history_lost
+        for name, value in (
+            ("cqc.stream.getmores", stream.getmores),
+            ("cqc.stream.event_bytes", stream.event_bytes),
+            ("cqc.stream.invalidations", stream.invalidations),
+            ("cqc.stream.behind_client", stream.behind_client_s),
+        ):
+            if value is not None:
+                out[(name, db)] = value
+        for quantile, value in (("p50", stream.lag_p50_ms), ("p95", stream.lag_p95_ms), ("max", stream.lag_max_ms)):
+            if value is not None:
+                out[("cqc.stream.lag", db | {("quantile", quantile)})] = value
         for state in StreamState:
             out[("cqc.stream.state", db | {("state", state.value)})] = 1 if stream.state is state else 0
     return out
@@ -147,7 +158,12 @@ def _snapshot(hits: int) -> CacheSnapshot:
     return CacheSnapshot(
         hits=hits, misses=0, bypasses={}, admissions=0, rejected_admissions={}, evictions=0,
         invalidations=0, used_bytes=0, budget_bytes=1 << 20, entries=0,
-        streams=(StreamSnapshot("app", StreamState.HEALTHY, 0, 0, 0, ""),),
+        streams=(
+            StreamSnapshot(
+                "app", StreamState.HEALTHY, 0, 0, 0, "", getmores=3, event_bytes=512, invalidations=2,
+                lag_samples=2, lag_p50_ms=1.5, lag_p95_ms=2.5, lag_max_ms=2.5, behind_client_s=0,
+            ),
+        ),
     )  # fmt: skip
 
 

@@ -738,6 +738,25 @@ def test_an_owners_max_namespaces_caps_what_all_its_workers_cache(group, client,
     assert served(second, lambda: second[db_name]["a"].find_one({"_id": 1})) == {"_id": 1, "c": "a"}
 
 
+def test_the_owners_snapshot_reports_each_streams_cost_and_lag_and_workers_defer_to_it(
+    group, client, other_client, db_name
+):
+    seed(client, db_name, "items", [{"_id": 1, "v": 0}])
+    owner = group.start_owner()
+    manager = group.manager(client)
+    ready_collection(manager, db_name, "items")
+    for _ in range(5):
+        other_client[db_name].items.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    wait_events(owner, db_name, 5)
+    stream = owner_stream(owner, db_name)
+    assert stream["invalidations"] >= 5 and stream["event_bytes"] > 0 and stream["getmores"] > 0, stream
+    assert stream["lag_samples"] >= 5 and 0 <= stream["lag_p50_ms"] <= stream["lag_max_ms"], stream
+    assert stream["last_error"] == ""
+    (mine,) = [s for s in manager.snapshot().streams if s.database == db_name]
+    assert (mine.getmores, mine.event_bytes, mine.invalidations, mine.lag_p50_ms) == (None, None, None, None)
+    assert mine.events >= 5 and mine.behind_client_s is not None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -373,3 +373,31 @@ def test_a_standalone_server_makes_the_stream_startup_failed_with_its_reason():
             assert "only supported on replica sets" in stream.last_error, stream.last_error
         finally:
             cache.close()
+
+
+# -- what a stream costs, and how far behind it is -----------------------------
+
+
+def test_a_streams_snapshot_counts_its_cost_and_its_invalidation_lag(make_manager, client, other_client, db_name):
+    client[db_name].items.insert_many([{"_id": i, "v": 0} for i in range(5)])
+    cache = make_manager()
+    ready_collection(cache, db_name, "items")
+    before = stream_of(cache, db_name)
+    assert before.getmores is not None and before.event_bytes is not None and before.invalidations is not None
+    writes = 20
+    for i in range(writes):
+        other_client[db_name].items.update_one({"_id": i % 5}, {"$inc": {"v": 1}})
+        # Another collection of the database: an event, not an invalidation here.
+        other_client[db_name].elsewhere.insert_one({"i": i})
+    wait_until(lambda: stream_of(cache, db_name).events >= before.events + 2 * writes, what="the events applied")
+    after = stream_of(cache, db_name)
+    assert after.invalidations - before.invalidations == writes, (before, after)
+    assert after.event_bytes - before.event_bytes >= 2 * writes * 100, (before, after)
+    assert after.getmores > before.getmores
+    assert after.lag_samples is not None and after.lag_samples >= min(2 * writes, 256)
+    assert 0 <= after.lag_p50_ms <= after.lag_p95_ms <= after.lag_max_ms < 10_000, after
+    # Idle, the stream keeps asking (one getMore a round, max_await_time_ms
+    # apart) and its applied time stays within a round or two of the client's.
+    idle = stream_of(cache, db_name).getmores
+    wait_until(lambda: stream_of(cache, db_name).getmores >= idle + 2, what="two more rounds")
+    assert stream_of(cache, db_name).behind_client_s is not None

@@ -60,6 +60,11 @@ class _StreamInfo(TypedDict):
     incarnation: int
     last_error: str
     applied_time: tuple[int, int]
+    getmores: int
+    event_bytes: int
+    invalidations: int
+    #: (samples, p50 ms, p95 ms, max ms) of the latest events' lag
+    lag: tuple[int, float, float, float]
 
 @final
 class Cache:

@@ -33,12 +33,20 @@ name                           kind            attributes                  snaps
 ``cqc.stream.events``          counter         ``database``                ``streams[].events``
 ``cqc.stream.reconnects``      counter         ``database``                ``streams[].reconnects``
 ``cqc.stream.history_lost``    counter         ``database``                ``streams[].history_lost``
+``cqc.stream.getmores``        counter         ``database``                ``streams[].getmores``
+``cqc.stream.event_bytes``     counter         ``database``                ``streams[].event_bytes``
+``cqc.stream.invalidations``   counter         ``database``                ``streams[].invalidations``
+``cqc.stream.lag``             gauge           ``database``, ``quantile``  ``streams[].lag_*_ms``
+``cqc.stream.behind_client``   gauge           ``database``                ``streams[].behind_client_s``
 =============================  ==============  ==========================  ==================
 
 ``cqc.bypasses`` and ``cqc.rejected_admissions`` report every
 :class:`BypassReason` / :class:`RejectReason` (0 until it happens);
 ``cqc.stream.state`` reports 1 for a database's current state and 0 for the
-other states. A counter never reports less than it reported before (a
+other states. ``cqc.stream.lag`` reports the invalidation lag of the
+latest events (``quantile`` ``p50``, ``p95``, ``max``, in ms); it and the
+stream cost counters report nothing for a shared-cache worker, whose
+streams are its owner's. A counter never reports less than it reported before (a
 snapshot taken in the middle of a read can be one ahead of the next). See
 docs/operations.md for what each value means.
 """
@@ -84,6 +92,11 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "cqc.stream.events": ("counter", "{event}", "Change events applied"),
     "cqc.stream.reconnects": ("counter", "{reconnect}", "Times the change stream was reopened after an error"),
     "cqc.stream.history_lost": ("counter", "{drop}", "Times every entry of the database was dropped"),
+    "cqc.stream.getmores": ("counter", "{command}", "getMore commands the change stream sent"),
+    "cqc.stream.event_bytes": ("counter", "By", "Bytes of the change events received"),
+    "cqc.stream.invalidations": ("counter", "{event}", "Change events that invalidated entries"),
+    "cqc.stream.lag": ("gauge", "ms", "From a change event's wallTime to its application, latest events"),
+    "cqc.stream.behind_client": ("gauge", "s", "Seconds the applied time lies behind the client's cluster time"),
 }
 
 
@@ -132,6 +145,11 @@ class CacheMetrics:
             "cqc.stream.events": lambda s: [(st.events, {"database": st.database}) for st in s.streams],
             "cqc.stream.reconnects": lambda s: [(st.reconnects, {"database": st.database}) for st in s.streams],
             "cqc.stream.history_lost": lambda s: [(st.history_lost, {"database": st.database}) for st in s.streams],
+            "cqc.stream.getmores": lambda s: _per_stream(s, "getmores"),
+            "cqc.stream.event_bytes": lambda s: _per_stream(s, "event_bytes"),
+            "cqc.stream.invalidations": lambda s: _per_stream(s, "invalidations"),
+            "cqc.stream.lag": _stream_lag,
+            "cqc.stream.behind_client": lambda s: _per_stream(s, "behind_client_s"),
         }
         created = {}
         for name, (kind, unit, description) in INSTRUMENTS.items():
@@ -205,6 +223,24 @@ def _by_reason(counts: Mapping[str, int], reasons: type[BypassReason] | type[Rej
     values = {reason.value: 0 for reason in reasons}
     values.update(counts)
     return [(count, {"reason": reason}) for reason, count in values.items()]
+
+
+def _per_stream(snapshot: CacheSnapshot, field: str) -> list[tuple[float, dict[str, Any]]]:
+    """Each stream's ``field``, where this process knows it (not None)."""
+    return [
+        (value, {"database": stream.database})
+        for stream in snapshot.streams
+        if (value := getattr(stream, field)) is not None
+    ]
+
+
+def _stream_lag(snapshot: CacheSnapshot) -> list[tuple[float, dict[str, Any]]]:
+    return [
+        (value, {"database": stream.database, "quantile": quantile})
+        for stream in snapshot.streams
+        for quantile, value in (("p50", stream.lag_p50_ms), ("p95", stream.lag_p95_ms), ("max", stream.lag_max_ms))
+        if value is not None
+    ]
 
 
 def _stream_states(snapshot: CacheSnapshot) -> list[tuple[float, dict[str, Any]]]:

@@ -154,7 +154,15 @@ class _Owner:
             "max_namespaces": self.max_namespaces,
             "active_streams": sum(1 for s in streams if s["state"] not in ("closed", "not_started")),
             "streams": [
-                {k: s[k] for k in ("database", "state", "events", "reconnects", "history_lost")}
+                {
+                    **{k: s[k] for k in ("database", "state", "events", "reconnects", "history_lost")},
+                    **{k: s[k] for k in ("getmores", "event_bytes", "invalidations")},
+                    "lag_samples": s["lag"][0],
+                    "lag_p50_ms": s["lag"][1] if s["lag"][0] else None,
+                    "lag_p95_ms": s["lag"][2] if s["lag"][0] else None,
+                    "lag_max_ms": s["lag"][3] if s["lag"][0] else None,
+                    "last_error": s["last_error"],
+                }
                 for s in streams
             ],
             "owner_pid": os.getpid(),

@@ -681,8 +681,13 @@ class Engine:
 
     def snapshot(self) -> CacheSnapshot:
         stats = self.native.stats()
-        streams = tuple(
-            StreamSnapshot(
+        follows = self.link is None  # a worker's streams are its owner's
+        client_s = self.client_time() >> 32
+
+        def stream(s: dict[str, Any]) -> StreamSnapshot:
+            n, p50, p95, top = s["lag"]
+            lag = follows and n > 0
+            return StreamSnapshot(
                 database=s["database"],
                 state=StreamState(s["state"]),
                 events=s["events"],
@@ -690,9 +695,17 @@ class Engine:
                 history_lost=s["history_lost"],
                 last_error=s["last_error"],
                 applied_time=Timestamp(*s["applied_time"]) if s["applied_time"][0] else None,
+                getmores=s["getmores"] if follows else None,
+                event_bytes=s["event_bytes"] if follows else None,
+                invalidations=s["invalidations"] if follows else None,
+                lag_samples=n if follows else None,
+                lag_p50_ms=p50 if lag else None,
+                lag_p95_ms=p95 if lag else None,
+                lag_max_ms=top if lag else None,
+                behind_client_s=max(client_s - s["applied_time"][0], 0) if s["applied_time"][0] else None,
             )
-            for s in self.native.streams()
-        )
+
+        streams = tuple(stream(s) for s in self.native.streams())
         with self._lock:
             bypasses = dict(self._bypasses)
             rejects = dict(self._rejects)

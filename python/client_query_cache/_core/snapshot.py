@@ -31,6 +31,26 @@ class StreamSnapshot:
     #: in the cache (the last change event applied, or the time a stream
     #: opened afresh had caught up from); None until the first is known.
     applied_time: Timestamp | None = None
+    #: What the stream costs, counted by the process that follows it (None
+    #: in a shared-cache worker: see the owner's snapshot): getMore commands
+    #: sent, bytes of change events received, events that invalidated
+    #: entries.
+    getmores: int | None = None
+    event_bytes: int | None = None
+    invalidations: int | None = None
+    #: Invalidation lag, from an event's wallTime to its application in the
+    #: arena, over the latest ``lag_samples`` events (at most 256), in ms
+    #: (None in a worker, or before the first event).
+    lag_samples: int | None = None
+    lag_p50_ms: float | None = None
+    lag_p95_ms: float | None = None
+    lag_max_ms: float | None = None
+    #: Seconds the applied time lies behind the newest cluster time this
+    #: process's client has seen (0 when caught up; None before the applied
+    #: time is known). Writes of the last that many seconds may not be
+    #: reflected in the cache yet; a quiet database's stays put on the test
+    #: server until its next event.
+    behind_client_s: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
