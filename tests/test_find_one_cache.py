@@ -663,6 +663,15 @@ async def _namespace_unavailable(ctx: Ctx) -> Any:
     return ctx.manager, lambda: cached.find_one({"_id": 1}), lambda: raw.find_one({"_id": 1})
 
 
+async def _namespace_limit(ctx: Ctx) -> Any:
+    # A manager that caches one collection: a second one's reads are PyMongo's.
+    cache = ctx.d.manager(ctx.mongo, max_namespaces=1)
+    await ctx.d.ready(cache, ctx.db_name, "first")
+    cached = cache[ctx.db_name]["items"]
+    raw = ctx.raw()
+    return cache, lambda: cached.find_one({"_id": 1}), lambda: raw.find_one({"_id": 1})
+
+
 async def _stream_unhealthy(ctx: Ctx) -> Any:
     # The followers connect to a port nothing listens on, while the client
     # (and so every miss and bypass) reads the real server: the stream never
@@ -721,6 +730,7 @@ async def _stream_behind(ctx: Ctx) -> Any:
 
 CASES = [
     Case(BypassReason.NAMESPACE_UNAVAILABLE, "long_name", _namespace_unavailable),
+    Case(BypassReason.NAMESPACE_LIMIT, "second_collection", _namespace_limit),
     Case(BypassReason.STREAM_UNHEALTHY, "unreachable_stream", _stream_unhealthy),
     Case(BypassReason.MISSING_COLLECTION, "absent", _find_one({"_id": 1}, name="absent"), misses=1),
     Case(BypassReason.UNSUPPORTED_COLLECTION, "view", _view, misses=1),
