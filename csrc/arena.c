@@ -5,6 +5,7 @@
 #include "keys.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -179,6 +180,9 @@ cqc_arena_format (cqc_arena_t *a, void *mem, uint64_t size, const cqc_geometry_t
    off += align_up ((uint64_t) geo.slot_count * sizeof (cqc_slot_t), 64);
    h->ring_off = off;
    h->ring_bytes = geo.budget_bytes;
+   /* A tenth of the payload for the small ring (eviction), when that is
+    * room for a few entries; else one ring. */
+   h->small_bytes = geo.budget_bytes / 10u >= 1024u ? align_up (geo.budget_bytes / 10u, 64) : 0;
    h->created_ns = cqc_now_ns ();
    if (owner) {
       h->owner_uid = owner->uid;
@@ -348,6 +352,22 @@ entry_current_r (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell, uint16
    return LOAD (&ns->write_gen) == gen;
 }
 
+/* Reader: a hit of the block of generation `gen`. One load from this
+ * process's own map, and a store only when the count can still grow. */
+static void
+access_mark (const cqc_arena_t *a, uint64_t hash, uint32_t gen)
+{
+   uint32_t *cell = &a->access[(uint32_t) (hash >> 32) & a->access_mask];
+   uint32_t v = LOAD_RELAXED (cell);
+   uint32_t tag = gen << 2;
+
+   if ((v & ~3u) != tag) {
+      STORE_RELAXED (cell, tag | 1u);
+   } else if ((v & 3u) != 3u) {
+      STORE_RELAXED (cell, v + 1u);
+   }
+}
+
 cqc_lookup_t
 cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const uint8_t *key,
                     uint32_t key_len, cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
@@ -433,6 +453,9 @@ cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash
          return CQC_LOOKUP_MISS;
       }
       *cell = (c.flags & CQC_ENTRY_IDENTITY) ? c.id_cell : CQC_NO_CELL;
+      if (a->access) {
+         access_mark (a, hash, c.block_gen);
+      }
       return (c.flags & CQC_ENTRY_NOT_FOUND) ? CQC_LOOKUP_NOT_FOUND : CQC_LOOKUP_HIT;
    }
    return CQC_LOOKUP_MISS;
@@ -603,6 +626,12 @@ block_at_w (cqc_arena_t *a, uint64_t off)
    return (block_hdr_t *) (a->ring + off);
 }
 
+static bool
+in_small_w (const cqc_arena_t *a, uint64_t off)
+{
+   return off >= a->hdr->ring_bytes - a->hdr->small_bytes;
+}
+
 /* Copy every field of src but seq into dst, between slot_begin_w and
  * slot_end_w on dst: seq is written by those two only (see cqc_slot_t).
  * memcpy never writes outside [dst, dst + n), so the first 4 bytes stay
@@ -630,6 +659,9 @@ slot_remove_w (cqc_arena_t *a, uint32_t i)
 
    a->hdr->used_bytes -= block_at_w (a, hole->block_off)->len;
    a->hdr->entries--;
+   if (in_small_w (a, hole->block_off)) {
+      a->hdr->small_entries--;
+   }
 
    for (;;) {
       cqc_slot_t *sj;
@@ -680,84 +712,367 @@ slot_find_w (const cqc_arena_t *a, uint64_t hash, const uint8_t *key, uint32_t k
 }
 
 /* ======================================================================== */
-/* Writer: payload ring                                                     */
+/* Writer: payload rings and eviction                                       */
 /* ======================================================================== */
 
-/* Reclaim the block at the tail: evict its entry if it still has one. */
-static void
-ring_pop_w (cqc_arena_t *a)
+/*
+ * S3-FIFO (Yang et al., SOSP 2023) on two rings. A new entry goes to the
+ * small ring (a tenth of the budget); when the small ring's tail reaches
+ * it, an entry hit at least SMALL_TO_MAIN times since admission is copied to
+ * the main ring's head, any other is evicted and its key hash remembered in
+ * the ghost. A key found in the ghost is admitted straight to the main
+ * ring. At the main ring's tail an entry hit since its last move is copied
+ * to the head with one hit fewer (a 2-bit clock), any other is evicted.
+ * Entries that can no longer be served (invalidated, replaced) are
+ * reclaimed at either tail and never copied.
+ *
+ * Hits never write the arena: each reading process marks its own access
+ * map (access_mark), and the writer reads the maps (a->hits, or
+ * a->access) only when it judges a tail block. Cells are tagged with the
+ * block's generation, so a move (new generation) forgets the old marks
+ * without writing anyone's map, and a cell another key's hit overwrote
+ * loses hits but never invents them. What a map holds is never trusted: a
+ * forged count can only keep an entry longer, and every copy is paid from
+ * move_credit (at most twice the bytes admitted), so a process that marks
+ * every entry hot costs the group its hit ratio, never unbounded work.
+ *
+ * A move copies the block to its new place and rewrites the slot between
+ * slot_begin_w and slot_end_w, as an admission does: a reader racing it
+ * sees the seq move (or the block's generation), a miss, never torn bytes.
+ */
+#define SMALL_TO_MAIN 2u
+#define MOVE_CREDIT_PER_BYTE 2u
+
+typedef struct {
+   uint64_t base; /* offset of the ring within the payload region */
+   uint64_t cap;
+   uint64_t *head, *tail, *span; /* relative to base */
+   bool small;
+} wring_t;
+
+static wring_t
+main_ring (cqc_arena_t *a)
 {
    cqc_arena_header_t *h = a->hdr;
-   uint64_t cap = h->ring_bytes;
+   return (wring_t){0, h->ring_bytes - h->small_bytes, &h->ring_head, &h->ring_tail,
+                    &h->ring_span, false};
+}
+
+static wring_t
+small_ring (cqc_arena_t *a)
+{
+   cqc_arena_header_t *h = a->hdr;
+   return (wring_t){h->ring_bytes - h->small_bytes, h->small_bytes, &h->small_head,
+                    &h->small_tail, &h->small_span, true};
+}
+
+uint32_t
+cqc_access_cells (const cqc_geometry_t *geo)
+{
+   return geo->slot_count; /* a power of two (cqc_arena_required_bytes) */
+}
+
+uint32_t
+cqc_access_count (const uint32_t *map, uint32_t mask, uint64_t hash, uint32_t block_gen)
+{
+   uint32_t v = LOAD_RELAXED (&map[(uint32_t) (hash >> 32) & mask]);
+   return (v & ~3u) == (block_gen << 2) ? (v & 3u) : 0u;
+}
+
+/* Hits of the entry in slot s (block generation gen) since its last move,
+ * with what it carried over: 0-3. */
+static uint32_t
+hits_w (const cqc_arena_t *a, const cqc_slot_t *s)
+{
+   uint32_t n = s->base > 3u ? 3u : s->base;
+   if (a->hits) {
+      n += a->hits (a->hits_ctx, s->hash, s->block_gen);
+   } else if (a->access) {
+      n += cqc_access_count (a->access, a->access_mask, s->hash, s->block_gen);
+   }
+   return n > 3u ? 3u : n;
+}
+
+bool
+cqc_arena_w_policy_init (cqc_arena_t *a)
+{
+   /* Direct-mapped, two cells per slot: a key hash's top 40 bits and the
+    * ghost's insertion count (24 bits) when it was evicted. */
+   uint32_t cells = a->geo.slot_count * 2u;
+   a->ghost = calloc (cells, sizeof (uint64_t));
+   if (!a->ghost) {
+      return false;
+   }
+   a->ghost_mask = cells - 1u;
+   a->ghost_seq = 0;
+   return true;
+}
+
+void
+cqc_arena_w_policy_free (cqc_arena_t *a)
+{
+   free (a->ghost);
+   a->ghost = NULL;
+   a->ghost_mask = 0;
+}
+
+#define GHOST_SEQ_MASK 0xffffffu
+
+static void
+ghost_add_w (cqc_arena_t *a, uint64_t hash)
+{
+   if (a->ghost) {
+      a->ghost_seq = (a->ghost_seq + 1u) & GHOST_SEQ_MASK;
+      a->ghost[(uint32_t) (hash >> 32) & a->ghost_mask] =
+         (hash & ~(uint64_t) GHOST_SEQ_MASK) | a->ghost_seq;
+   }
+}
+
+/* Whether the key was evicted from the small ring recently: within as many
+ * small-ring evictions as the cache holds entries (the ghost's capacity).
+ * Forgets it. */
+static bool
+ghost_take_w (cqc_arena_t *a, uint64_t hash)
+{
+   uint64_t *cell, v;
+   uint32_t age;
+
+   if (!a->ghost) {
+      return false;
+   }
+   cell = &a->ghost[(uint32_t) (hash >> 32) & a->ghost_mask];
+   v = *cell;
+   if (!v || (v & ~(uint64_t) GHOST_SEQ_MASK) != (hash & ~(uint64_t) GHOST_SEQ_MASK)) {
+      return false;
+   }
+   age = (a->ghost_seq - (uint32_t) (v & GHOST_SEQ_MASK)) & GHOST_SEQ_MASK;
+   *cell = 0;
+   return age <= a->hdr->entries + 64u;
+}
+
+/* Free `need` bytes at ring r's head without reclaiming anything: where
+ * the block goes, or false if they are not free. Pads the end of the ring
+ * when the block does not fit before it. */
+static bool
+ring_take_w (cqc_arena_t *a, const wring_t *r, uint64_t need, uint64_t *off)
+{
+   if (*r->span == 0) {
+      *r->head = *r->tail = 0;
+   }
+   if (*r->span < r->cap && *r->head >= *r->tail) {
+      /* Free space is [head, cap) then [0, tail). */
+      if (r->cap - *r->head < need) {
+         if (*r->tail < need) {
+            return false;
+         }
+         if (r->cap - *r->head >= CQC_BLOCK_HEADER) {
+            block_at_w (a, r->base + *r->head)->magic = BLOCK_PAD;
+         }
+         *r->span += r->cap - *r->head;
+         *r->head = 0;
+      }
+   } else if (*r->span >= r->cap || *r->tail - *r->head < need) {
+      return false; /* free space is [head, tail) */
+   }
+   *off = r->base + *r->head;
+   *r->head += need;
+   *r->span += need;
+   if (*r->head == r->cap) {
+      *r->head = 0;
+   }
+   return true;
+}
+
+/* Whether ring r has `need` contiguous bytes free at its head (or at its
+ * start, past a pad): ring_take_w without taking them. */
+static bool
+ring_fits_w (const wring_t *r, uint64_t need)
+{
+   if (*r->span == 0) {
+      return need <= r->cap;
+   }
+   if (*r->span < r->cap && *r->head >= *r->tail) {
+      return r->cap - *r->head >= need || *r->tail >= need;
+   }
+   return *r->span < r->cap && *r->tail - *r->head >= need;
+}
+
+/* Advance ring r's tail past a block of len bytes. */
+static void
+ring_release_w (const wring_t *r, uint64_t len)
+{
+   *r->tail += len;
+   *r->span -= len;
+   if (*r->tail == r->cap) {
+      *r->tail = 0;
+   }
+}
+
+static bool ring_alloc_w (cqc_arena_t *a, const wring_t *r, uint64_t need, uint64_t *off);
+
+/* Copy the block at `from` (len bytes, named by slot i) to `to`, give it a
+ * new generation and point the slot at it. The slot's seq is odd from
+ * before the first byte is written until the slot names the new block. */
+static void
+move_block_w (cqc_arena_t *a, uint32_t i, uint64_t from, uint64_t to, uint64_t len,
+              uint32_t base)
+{
+   cqc_slot_t *s = &a->slots[i];
    block_hdr_t *bh;
 
-   if (cap - h->ring_tail < CQC_BLOCK_HEADER ||
-       block_at_w (a, h->ring_tail)->magic == BLOCK_PAD) {
-      h->ring_span -= cap - h->ring_tail;
-      h->ring_tail = 0;
+   slot_begin_w (s);
+   if (to != from) {
+      memmove (a->ring + to, a->ring + from, len);
+      if (to + len <= from || from + len <= to) {
+         block_at_w (a, from)->magic = 0;
+      }
+   }
+   bh = block_at_w (a, to);
+   bh->magic = BLOCK_MAGIC;
+   STORE_RELAXED (&bh->gen, (uint32_t) ++a->hdr->block_gen);
+   bh->slot = i;
+   s->block_off = (uint32_t) to;
+   s->block_gen = bh->gen;
+   s->base = base;
+   slot_end_w (s);
+}
+
+/* Reclaim the block at ring r's tail: drop it if nothing can serve it,
+ * move it if its hits earn it (and the credit allows), else evict it. */
+static void
+ring_pop_w (cqc_arena_t *a, const wring_t *r)
+{
+   cqc_arena_header_t *h = a->hdr;
+   uint64_t tail = *r->tail, at = r->base + tail, len, to;
+   block_hdr_t *bh;
+   cqc_slot_t *s;
+   uint32_t i, hits;
+
+   if (r->cap - tail < CQC_BLOCK_HEADER || block_at_w (a, at)->magic == BLOCK_PAD) {
+      *r->span -= r->cap - tail;
+      *r->tail = 0;
       return;
    }
-   bh = block_at_w (a, h->ring_tail);
-   if (bh->magic != BLOCK_MAGIC || bh->len < CQC_BLOCK_HEADER || bh->len > h->ring_span ||
-       bh->len > cap - h->ring_tail) {
+   bh = block_at_w (a, at);
+   if (bh->magic != BLOCK_MAGIC || bh->len < CQC_BLOCK_HEADER || bh->len > *r->span ||
+       bh->len > r->cap - tail) {
       /* The writer's own bookkeeping is inconsistent: start over. */
       cqc_arena_w_clear (a);
       return;
    }
-   if (bh->slot < h->geo.slot_count) {
-      cqc_slot_t *s = &a->slots[bh->slot];
-      if (s->state && s->block_off == h->ring_tail && s->block_gen == bh->gen) {
-         slot_remove_w (a, bh->slot);
+   len = bh->len;
+   i = bh->slot;
+   s = i < h->geo.slot_count ? &a->slots[i] : NULL;
+   if (!s || !s->state || s->block_off != at || s->block_gen != bh->gen) {
+      bh->magic = 0; /* a hole: its entry was replaced or removed */
+      ring_release_w (r, len);
+      return;
+   }
+   if ((s->flags & CQC_ENTRY_CONFLICT) ||
+       !entry_current_r (a, s->ns_idx, s->id_cell, s->flags, s->ns_epoch, s->gen, s->db_inc)) {
+      /* Invalidated: nothing will serve it again, and it may hold a hot
+       * key's old bytes. Conflict markers go too: the write they wait for
+       * moves their generations on. */
+      if (!(s->flags & CQC_ENTRY_CONFLICT)) {
+         h->dead_reclaimed++;
+      }
+      slot_remove_w (a, i);
+      bh->magic = 0;
+      ring_release_w (r, len);
+      return;
+   }
+   hits = hits_w (a, s);
+   if (hits >= (r->small ? SMALL_TO_MAIN : 1u) && h->move_credit >= len) {
+      h->move_credit -= len;
+      if (r->small) {
+         wring_t m = main_ring (a);
+         /* Room in the main ring first: its evictions may move this
+          * block's slot (backward shift), never the block, and the block
+          * records where its slot went. */
+         if (!ring_alloc_w (a, &m, len, &to)) {
+            return; /* cannot happen: an entry is at most a quarter of the ring */
+         }
+         if (*r->tail != tail || *r->span < len) {
+            return; /* the arena was cleared under us (cqc_arena_w_clear) */
+         }
+         i = bh->slot;
+         s = i < h->geo.slot_count ? &a->slots[i] : NULL;
+         if (s && s->state && s->block_off == at && s->block_gen == bh->gen) {
+            move_block_w (a, i, at, to, len, 0);
+            h->small_entries--;
+            h->promotions++;
+         } else {
+            /* Its slot went with a clear: leave a hole in the main ring. */
+            block_hdr_t *hole = block_at_w (a, to);
+            hole->magic = BLOCK_MAGIC;
+            hole->gen = 0;
+            hole->len = (uint32_t) len;
+            hole->slot = CQC_NO_CELL;
+            bh->magic = 0;
+         }
+         ring_release_w (r, len);
+         return;
+      } else {
+         /* The block leaves the tail for the head of the same ring: once
+          * its bytes are released, they and the free space before them
+          * always hold it (the ring had no room, so head and tail meet at
+          * its free space), and memmove copies within overlapping ranges. */
+         ring_release_w (r, len);
+         if (ring_take_w (a, r, len, &to)) {
+            move_block_w (a, i, at, to, len, hits - 1u);
+            h->reinsertions++;
+            return;
+         }
+         /* Unreachable by the argument above; evicted if it ever is. */
+         slot_remove_w (a, i);
          h->evictions++;
+         return;
       }
    }
-   bh->magic = 0;
-   h->ring_tail += bh->len;
-   h->ring_span -= bh->len;
-   if (h->ring_tail == cap) {
-      h->ring_tail = 0;
+   if (hits >= (r->small ? SMALL_TO_MAIN : 1u)) {
+      h->forced++;
    }
+   if (r->small) {
+      ghost_add_w (a, s->hash);
+   }
+   slot_remove_w (a, i);
+   h->evictions++;
+   bh->magic = 0;
+   ring_release_w (r, len);
 }
 
-/* Allocate `need` contiguous bytes at the head, evicting from the tail. */
+/* Allocate `need` contiguous bytes at ring r's head, reclaiming from its
+ * tail. */
 static bool
-ring_alloc_w (cqc_arena_t *a, uint64_t need, uint64_t *off)
+ring_alloc_w (cqc_arena_t *a, const wring_t *r, uint64_t need, uint64_t *off)
 {
-   cqc_arena_header_t *h = a->hdr;
-   uint64_t cap = h->ring_bytes;
-
-   if (need > cap) {
+   if (need > r->cap) {
       return false;
    }
-   for (;;) {
-      if (h->ring_span == 0) {
-         h->ring_head = h->ring_tail = 0;
+   while (!ring_take_w (a, r, need, off)) {
+      if (*r->span == 0) {
+         return false; /* cannot happen: an empty ring holds need */
       }
-      if (h->ring_span < cap && h->ring_head >= h->ring_tail) {
-         /* Free space is [head, cap) then [0, tail). */
-         if (cap - h->ring_head >= need) {
-            break;
-         }
-         if (cap - h->ring_head >= CQC_BLOCK_HEADER) {
-            block_at_w (a, h->ring_head)->magic = BLOCK_PAD;
-         }
-         h->ring_span += cap - h->ring_head;
-         h->ring_head = 0;
-         continue;
-      }
-      /* Free space is [head, tail). */
-      if (h->ring_span < cap && h->ring_tail - h->ring_head >= need) {
-         break;
-      }
-      ring_pop_w (a);
-   }
-   *off = h->ring_head;
-   h->ring_head += need;
-   h->ring_span += need;
-   if (h->ring_head == cap) {
-      h->ring_head = 0;
+      ring_pop_w (a, r);
    }
    return true;
+}
+
+/* Free one slot: reclaim at the small ring's tail while it holds a tenth
+ * of the entries or more, else at the main ring's. */
+static void
+evict_one_w (cqc_arena_t *a)
+{
+   cqc_arena_header_t *h = a->hdr;
+   wring_t sm = small_ring (a), m = main_ring (a);
+
+   if (h->small_span && (h->small_entries * 10u >= h->entries || h->ring_span == 0)) {
+      ring_pop_w (a, &sm);
+   } else if (h->ring_span) {
+      ring_pop_w (a, &m);
+   } else if (h->small_span) {
+      ring_pop_w (a, &sm);
+   }
 }
 
 void
@@ -774,8 +1089,36 @@ cqc_arena_w_clear (cqc_arena_t *a)
       }
    }
    a->hdr->ring_head = a->hdr->ring_tail = a->hdr->ring_span = 0;
+   a->hdr->small_head = a->hdr->small_tail = a->hdr->small_span = 0;
    a->hdr->used_bytes = 0;
    a->hdr->entries = 0;
+   a->hdr->small_entries = 0;
+}
+
+void
+cqc_arena_r_bytes (const cqc_arena_t *a, uint64_t *live, uint64_t *dead)
+{
+   uint64_t sum = 0, span;
+   uint32_t i;
+
+   for (i = 0; i < a->geo.slot_count; i++) {
+      const cqc_slot_t *s = &a->slots[i];
+      uint16_t flags = LOAD_RELAXED (&s->flags);
+      if (LOAD_RELAXED (&s->state) && !(flags & CQC_ENTRY_CONFLICT) &&
+          entry_current_r (a, LOAD_RELAXED (&s->ns_idx), LOAD_RELAXED (&s->id_cell), flags,
+                           LOAD_RELAXED (&s->ns_epoch), LOAD_RELAXED (&s->gen),
+                           LOAD_RELAXED (&s->db_inc))) {
+         sum += align_up ((uint64_t) CQC_BLOCK_HEADER + LOAD_RELAXED (&s->key_len) +
+                             LOAD_RELAXED (&s->val_len),
+                          8);
+      }
+   }
+   span = LOAD_RELAXED (&a->hdr->ring_span) + LOAD_RELAXED (&a->hdr->small_span);
+   if (sum > span) {
+      sum = span; /* a racing writer, or bytes someone else wrote */
+   }
+   *live = sum;
+   *dead = span - sum;
 }
 
 /* ======================================================================== */
@@ -915,6 +1258,8 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    cqc_slot_t *s;
    bool stalled;
    bool conflict = false;
+   bool to_main = false;
+   wring_t r;
    cqc_stamp_t stamp = tok->stamp;
 
    if (!tok->healthy || tok->db_idx >= h->geo.db_count ||
@@ -972,6 +1317,9 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
             break;
          }
       }
+      /* An entry the main ring holds keeps its place in it when a write
+       * replaces it: the key was hot. */
+      to_main = !in_small_w (a, e->block_off);
       slot_remove_w (a, existing);
       if (conflict) {
          /* Replace the entry by a marker: no value, never served. */
@@ -982,11 +1330,28 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
          need = align_up ((uint64_t) CQC_BLOCK_HEADER + key_len, 8);
       }
    }
-   /* Keep the table at most 3/4 full so probe chains stay short. */
-   while (h->entries >= (uint64_t) h->geo.slot_count / 4 * 3 && h->ring_span > 0) {
-      ring_pop_w (a);
+   /* Moves are paid from what admissions bring (ring_pop_w). */
+   h->move_credit += MOVE_CREDIT_PER_BYTE * need;
+   if (h->move_credit > h->ring_bytes / 4) {
+      h->move_credit = h->ring_bytes / 4;
    }
-   if (!ring_alloc_w (a, need, &off)) {
+   /* Keep the table at most 3/4 full so probe chains stay short. */
+   while (h->entries >= (uint64_t) h->geo.slot_count / 4 * 3 && (h->ring_span || h->small_span)) {
+      evict_one_w (a);
+   }
+   /* New keys start in the small ring once the main ring is full; a key
+    * evicted from the small ring recently (the ghost), and an entry too
+    * large for it, go to the main ring. */
+   r = main_ring (a);
+   if (!to_main && (need > h->small_bytes / 2 || ring_fits_w (&r, need))) {
+      to_main = true;
+   }
+   if (!to_main && ghost_take_w (a, hash)) {
+      to_main = true;
+      h->ghost_hits++;
+   }
+   r = to_main ? main_ring (a) : small_ring (a);
+   if (!ring_alloc_w (a, &r, need, &off)) {
       h->rejected_size++;
       return CQC_ADMIT_TOO_LARGE;
    }
@@ -1027,9 +1392,13 @@ cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t hash, const 
    s->ns_epoch = tok->ns_epoch;
    s->gen = tok->gen;
    s->db_inc = tok->db_inc;
+   s->base = 0;
    slot_end_w (s);
    h->used_bytes += need;
    h->entries++;
+   if (!to_main) {
+      h->small_entries++;
+   }
    if (conflict) {
       h->rejected_conflict++;
       return CQC_ADMIT_CONFLICT;

@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define CQC_ARENA_MAGIC 0x414e455241435143ULL /* "CQCARENA" little-endian */
-#define CQC_LAYOUT_VERSION 6u
+#define CQC_LAYOUT_VERSION 7u
 
 #define CQC_NS_NAME_MAX 256u /* "db.collection", NUL included */
 #define CQC_DB_NAME_MAX 72u  /* MongoDB limits names to 63 bytes */
@@ -171,7 +171,8 @@ typedef struct {
    uint64_t ns_epoch;
    uint64_t gen; /* id cell generation (identity) or ns write_gen */
    uint32_t db_inc;
-   uint32_t pad_;
+   uint32_t base; /* writer's: hits the entry carried over from its last
+                   * move (eviction, arena.c); readers ignore it */
 } cqc_slot_t;
 
 _Static_assert (sizeof (cqc_slot_t) == 64, "a slot is one cache line");
@@ -181,7 +182,8 @@ _Static_assert (offsetof (cqc_slot_t, seq) == 0 && offsetof (cqc_slot_t, state) 
                    offsetof (cqc_slot_t, block_gen) == 20 && offsetof (cqc_slot_t, key_len) == 24 &&
                    offsetof (cqc_slot_t, val_len) == 28 && offsetof (cqc_slot_t, ns_idx) == 32 &&
                    offsetof (cqc_slot_t, id_cell) == 36 && offsetof (cqc_slot_t, ns_epoch) == 40 &&
-                   offsetof (cqc_slot_t, gen) == 48 && offsetof (cqc_slot_t, db_inc) == 56,
+                   offsetof (cqc_slot_t, gen) == 48 && offsetof (cqc_slot_t, db_inc) == 56 &&
+                   offsetof (cqc_slot_t, base) == 60,
                 "cqc_slot_t layout");
 
 /* Header at offset 0. The first block is immutable after creation: every
@@ -226,6 +228,23 @@ typedef struct {
    uint64_t rejected_conflict; /* same generations, other bytes (marker kept) */
    uint64_t evictions;
    uint64_t invalidations;
+
+   /* Eviction (S3-FIFO, arena.c): the payload ring is two rings. The main
+    * ring is [0, ring_bytes - small_bytes) with ring_head/ring_tail/
+    * ring_span above; the small ring, where new entries start, is the rest,
+    * with the three below (offsets relative to its start). Writer state,
+    * set at format; small_bytes is 0 for a budget too small to split. */
+   uint64_t small_bytes;
+   uint64_t small_head;
+   uint64_t small_tail;
+   uint64_t small_span;
+   uint64_t small_entries; /* live entries whose block is in the small ring */
+   uint64_t move_credit;   /* bytes the writer may still copy (moves) */
+   uint64_t promotions;    /* small-ring entries copied to the main ring */
+   uint64_t reinsertions;  /* main-ring entries copied to its head */
+   uint64_t forced;        /* evicted while still hot: no credit to move them */
+   uint64_t ghost_hits;    /* admitted straight to the main ring */
+   uint64_t dead_reclaimed; /* invalidated entries reclaimed at a tail */
 } cqc_arena_header_t;
 
 _Static_assert (offsetof (cqc_geometry_t, budget_bytes) == 0 &&
@@ -259,7 +278,9 @@ _Static_assert (offsetof (cqc_arena_header_t, magic) == 0 &&
                    offsetof (cqc_arena_header_t, freezes) == 176 &&
                    offsetof (cqc_arena_header_t, admissions) == 184 &&
                    offsetof (cqc_arena_header_t, invalidations) == 240 &&
-                   sizeof (cqc_arena_header_t) == 248,
+                   offsetof (cqc_arena_header_t, small_bytes) == 248 &&
+                   offsetof (cqc_arena_header_t, dead_reclaimed) == 328 &&
+                   sizeof (cqc_arena_header_t) == 336,
                 "cqc_arena_header_t layout");
 
 /* When, and by which read, an entry's result was read: what the causal
@@ -327,6 +348,20 @@ typedef struct {
    uint64_t *idgen;
    cqc_slot_t *slots;
    uint8_t *ring;
+   /* Eviction's view of hits (arena.c). `access`: this process's access
+    * map, marked by its hits (NULL: it serves none, or marks none); the
+    * map has access_mask + 1 cells. The writer sums a hit count over every
+    * reader's map: `hits(hits_ctx, ...)` when set (an owner, over its
+    * workers' maps), else `access` (a process-local cache). `ghost`: the
+    * writer's private memory of keys recently evicted from the small ring
+    * (cqc_arena_w_policy_init); NULL: none. */
+   uint32_t *access;
+   uint32_t access_mask;
+   uint32_t (*hits) (void *ctx, uint64_t hash, uint32_t block_gen);
+   void *hits_ctx;
+   uint64_t *ghost;
+   uint32_t ghost_mask;
+   uint32_t ghost_seq;
 } cqc_arena_t;
 
 /* ------------------------------------------------------------------------ */
@@ -445,6 +480,29 @@ cqc_admit_t cqc_arena_w_admit (cqc_arena_t *a, const cqc_token_t *tok, uint64_t 
 void cqc_arena_w_invalidate_id (cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell);
 void cqc_arena_w_invalidate_ns (cqc_arena_t *a, uint32_t ns_idx);
 void cqc_arena_w_invalidate_db (cqc_arena_t *a, uint32_t db_idx);
+
+/* ------------------------------------------------------------------------ */
+/* Eviction: access maps and the ghost                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Cells of an access map for this geometry (a power of two). */
+uint32_t cqc_access_cells (const cqc_geometry_t *geo);
+
+/* A map's count for the block of generation `block_gen` with key hash
+ * `hash` (0-3). Any cell value is harmless: a stale or forged cell only
+ * moves the count. */
+uint32_t cqc_access_count (const uint32_t *map, uint32_t mask, uint64_t hash, uint32_t block_gen);
+
+/* Writer: allocate the ghost (false: out of memory; eviction then works
+ * without one), and free it. */
+bool cqc_arena_w_policy_init (cqc_arena_t *a);
+void cqc_arena_w_policy_free (cqc_arena_t *a);
+
+/* Bytes of the payload rings held by entries a lookup could serve
+ * (*live), and by everything else: invalidated or replaced entries,
+ * conflict markers, padding (*dead). A scan of the slot table without the
+ * lock: a statistic. */
+void cqc_arena_r_bytes (const cqc_arena_t *a, uint64_t *live, uint64_t *dead);
 
 /* Remove every entry from the table and reset the ring. */
 void cqc_arena_w_clear (cqc_arena_t *a);

@@ -133,6 +133,15 @@ format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, const char *arena_p
    }
    c->mem = mem;
    c->mem_len = need;
+   /* The writer's eviction state (arena.c): the ghost, and in a
+    * process-local cache the access map its own hits mark (an owner reads
+    * its workers' maps instead, owner.c). */
+   if (!cqc_arena_w_policy_init (&c->arena) ||
+       (!arena_path && !(c->arena.access = calloc (cqc_access_cells (&geo), sizeof (uint32_t))))) {
+      cqc_error_set (err, CQC_ERR_MEMORY, "out of memory");
+      return false;
+   }
+   c->arena.access_mask = arena_path ? 0 : cqc_access_cells (&geo) - 1u;
    return true;
 }
 
@@ -142,7 +151,7 @@ static bool
 attach_worker (cqc_cache_t *c, const cqc_cache_config_t *cfg, cqc_error_t *err)
 {
    const char *path = cfg->arena_path;
-   uint64_t size = 0;
+   uint64_t size = 0, seg_len;
    void *mem = NULL, *seg = NULL;
    char msg[256];
    bool ok = false;
@@ -169,19 +178,24 @@ attach_worker (cqc_cache_t *c, const cqc_cache_config_t *cfg, cqc_error_t *err)
                      c->arena.hdr->owner_uid, (unsigned) getuid ());
       goto cleanup;
    }
-   if (!(seg = cqc_shm_create (cfg->segment_path, cfg->ring_bytes, err))) {
+   /* The segment: the ring, then this worker's access map (ring.h), which
+    * its hits mark and the owner reads when it evicts. */
+   seg_len = cqc_ring_segment_bytes (cfg->ring_bytes, cqc_access_cells (&c->arena.geo));
+   if (!(seg = cqc_shm_create (cfg->segment_path, seg_len, err))) {
       goto cleanup;
    }
    if (!cqc_ring_format (&c->ring, seg, cfg->ring_bytes, (uint32_t) getpid ())) {
       cqc_error_set (err, CQC_ERR_VALUE, "cannot format the ring %s", cfg->segment_path);
-      munmap (seg, cfg->ring_bytes);
+      munmap (seg, seg_len);
       unlink (cfg->segment_path);
       goto cleanup;
    }
    c->mem = mem;
    c->mem_len = (size_t) size;
    c->seg = seg;
-   c->seg_len = cfg->ring_bytes;
+   c->seg_len = seg_len;
+   c->arena.access = (uint32_t *) ((uint8_t *) seg + seg_len) - cqc_access_cells (&c->arena.geo);
+   c->arena.access_mask = cqc_access_cells (&c->arena.geo) - 1u;
    ok = true;
 cleanup:
    if (!ok) {
@@ -292,6 +306,10 @@ cqc_cache_release (cqc_cache_t *c, bool threads)
    if (c->mem) {
       munmap (c->mem, c->mem_len);
    }
+   if (c->mode != CQC_MODE_WORKER) {
+      free (c->arena.access); /* a worker's is in its segment */
+   }
+   cqc_arena_w_policy_free (&c->arena);
    free (c->streams);
    free (c->final_info);
    cqc_floor_free (&c->floor);
@@ -508,6 +526,7 @@ cqc_cache_stats (cqc_cache_t *c, cqc_stat_t out[CQC_STATS_MAX])
 {
    cqc_arena_header_t h;
    cqc_owner_stats_t os = {0};
+   uint64_t live, dead;
    size_t n = 0;
 
    if (c->mode == CQC_MODE_WORKER) {
@@ -522,6 +541,7 @@ cqc_cache_stats (cqc_cache_t *c, cqc_stat_t out[CQC_STATS_MAX])
       memcpy (&h, c->arena.hdr, sizeof h);
       pthread_mutex_unlock (&c->lock);
    }
+   cqc_arena_r_bytes (&c->arena, &live, &dead);
    pthread_mutex_lock (&c->threads_mu);
    if (c->owner) {
       cqc_owner_get_stats (c->owner, &os);
@@ -551,6 +571,13 @@ cqc_cache_stats (cqc_cache_t *c, cqc_stat_t out[CQC_STATS_MAX])
          {"rejected_no_slot", h.rejected_probe},
          {"rejected_conflict", h.rejected_conflict},
          {"evictions", h.evictions},
+         {"promotions", h.promotions},
+         {"reinsertions", h.reinsertions},
+         {"forced_evictions", h.forced},
+         {"ghost_hits", h.ghost_hits},
+         {"dead_reclaimed", h.dead_reclaimed},
+         {"live_bytes", live},
+         {"dead_bytes", dead},
          {"invalidations", h.invalidations},
          {"used_bytes", h.used_bytes},
          {"budget_bytes", h.geo.budget_bytes},

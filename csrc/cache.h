@@ -152,7 +152,7 @@ typedef struct {
    uint64_t value;
 } cqc_stat_t;
 
-#define CQC_STATS_MAX 32
+#define CQC_STATS_MAX 40
 
 /* The counters of stats(): the arena's, this process's, and the rings'
  * (a worker's own, or an owner's summed over them). Returns how many. */

@@ -21,6 +21,7 @@ typedef struct {
    void *mem;
    uint64_t size;
    char *path;
+   const uint32_t *access; /* the worker's access map; NULL: none */
 } ring_slot_t;
 
 struct cqc_owner {
@@ -50,6 +51,25 @@ admit_record (void *ctx, const cqc_ring_record_t *rec)
 
    o->stats.records++;
    (void) cqc_admit (&o->w, rec, &key_hash);
+}
+
+/* The arena's eviction asks how often the workers hit a block (arena.c).
+ * It evicts only while the drain admits, with o->mu held, so the rings
+ * cannot come or go under this loop. The maps are the workers' memory:
+ * each cell is loaded once and only compared (cqc_access_count). */
+static uint32_t
+worker_hits (void *ctx, uint64_t hash, uint32_t block_gen)
+{
+   cqc_owner_t *o = ctx;
+   uint32_t mask = cqc_access_cells (&o->w.arena->geo) - 1u;
+   uint32_t i, n = 0;
+
+   for (i = 0; i < MAX_RINGS && n < 3u; i++) {
+      if (o->rings[i].id && o->rings[i].access) {
+         n += cqc_access_count (o->rings[i].access, mask, hash, block_gen);
+      }
+   }
+   return n;
 }
 
 /* ======================================================================== */
@@ -156,6 +176,10 @@ cqc_owner_start (cqc_writer_t *w, char *err, size_t errlen)
    o->w = *w;
    o->next_id = 1;
    pthread_mutex_init (&o->mu, NULL);
+   pthread_mutex_lock (w->lock);
+   w->arena->hits = worker_hits;
+   w->arena->hits_ctx = o;
+   pthread_mutex_unlock (w->lock);
    __atomic_store_n (&w->arena->hdr->heartbeat_ns, cqc_now_ns (), __ATOMIC_RELEASE);
    if (pthread_create (&o->thread, NULL, drain_main, o) != 0) {
       snprintf (err, errlen, "could not start the drain thread");
@@ -172,7 +196,8 @@ cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
    cqc_error_t e;
    uint64_t size = 0;
    char *copy = NULL;
-   uint32_t i, id = 0;
+   const uint32_t *access = NULL;
+   uint32_t i, id = 0, cells;
    void *mem = cqc_shm_map_private (path, true, CQC_RING_DATA_OFF + 4096u, 1u << 30, &size, &e);
 
    if (!mem) {
@@ -188,11 +213,17 @@ cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
       snprintf (err, errlen, "out of memory");
       goto cleanup;
    }
+   /* The access map closes the segment (ring.h); a segment too small for
+    * one contributes no hits. */
+   cells = cqc_access_cells (&o->w.arena->geo);
+   if (size >= (uint64_t) cells * sizeof (uint32_t) + CQC_RING_DATA_OFF + 4096u && size % 4u == 0) {
+      access = (const uint32_t *) ((const uint8_t *) mem + size) - cells;
+   }
    pthread_mutex_lock (&o->mu);
    for (i = 0; i < MAX_RINGS; i++) {
       if (!o->rings[i].id) {
          id = o->next_id++;
-         o->rings[i] = (ring_slot_t){id, mem, size, copy};
+         o->rings[i] = (ring_slot_t){id, mem, size, copy, access};
          o->stats.rings++;
          mem = NULL;
          copy = NULL;
@@ -275,6 +306,10 @@ cqc_owner_destroy (cqc_owner_t *o)
          release_ring_locked (o, &o->rings[i]);
       }
    }
+   pthread_mutex_lock (o->w.lock);
+   o->w.arena->hits = NULL;
+   o->w.arena->hits_ctx = NULL;
+   pthread_mutex_unlock (o->w.lock);
    pthread_mutex_destroy (&o->mu);
    free (o);
 }

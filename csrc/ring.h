@@ -18,7 +18,16 @@
  *   |                        |   u32 len (whole record) | u32 kind_flags |
  *   |                        |   u64 sum | token | u32 flen | u32 rlen |
  *   |                        |   u32 vlen | filter | rest | value
- *   +------------------------+
+ *   +------------------------+ align64(ring bytes)
+ *   | u32 access[cells]      | the worker's access map: its hits mark it,
+ *   |                        |   the owner reads it when it evicts (arena.c)
+ *   +------------------------+ segment end
+ *
+ * The owner finds the map at the end of the segment, from the size it
+ * mapped and the cell count of its own arena's geometry
+ * (cqc_access_cells), never from anything the segment says. A worker
+ * that writes anything there can change which entries are evicted and
+ * nothing else (arena.c).
  *
  * `head` and `tail` are byte counters that only grow (mod 2^64); a record
  * never wraps: when it does not fit before the end of the data area the
@@ -56,7 +65,7 @@
 #include <stdint.h>
 
 #define CQC_RING_MAGIC 0x474e495243514343ULL /* "CCQCRING" */
-#define CQC_RING_VERSION 3u
+#define CQC_RING_VERSION 4u
 #define CQC_RING_DATA_OFF 128u
 #define CQC_RING_PAD 0x80000000u
 /* A producer past this offset wraps early when the ring's start is free.
@@ -127,6 +136,14 @@ typedef enum {
    CQC_RING_DAMAGED = 2, /* dropped: the header was changed by someone else */
    CQC_RING_TOO_LARGE = 3, /* dropped: the record is larger than half the ring */
 } cqc_ring_push_t;
+
+/* Bytes of a worker's segment: a ring of ring_bytes and an access map of
+ * `cells` cells after it. */
+static inline uint64_t
+cqc_ring_segment_bytes (uint64_t ring_bytes, uint32_t cells)
+{
+   return ((ring_bytes + 63u) & ~(uint64_t) 63u) + (uint64_t) cells * sizeof (uint32_t);
+}
 
 /* Format a zeroed segment of `size` bytes as an empty ring and make `p` its
  * producer. */

@@ -139,6 +139,10 @@ class _Owner:
             "budget_bytes": stats["budget_bytes"],
             "entries": stats["entries"],
             "evictions": stats["evictions"],
+            "live_bytes": stats["live_bytes"],
+            "dead_bytes": stats["dead_bytes"],
+            **{k: stats[k] for k in ("promotions", "reinsertions", "forced_evictions", "ghost_hits")},
+            "reclaimed": stats["dead_reclaimed"],
             "invalidations": stats["invalidations"],
             "admissions_accepted": stats["admissions"],
             "admissions_rejected": {

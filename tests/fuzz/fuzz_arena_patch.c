@@ -9,7 +9,8 @@
  *               and admission), u8 len, len value bytes
  *   inval_id    u8 key, u8 cell        inval_ns   u8 key
  *   inval_db    u8 key                 health     u8 key, u8 state
- *   clear
+ *   clear       lookup      u8 key (a hit marks the access map)
+ *   scribble    u8 cell, u32 value (anything written into the access map)
  * A patch is (region, u32 offset, u8 length, bytes) into one of the
  * header, database, namespace, identity, slot or ring regions, or anywhere.
  *
@@ -112,6 +113,10 @@ build_world (world_t *w, uint8_t geo_sel)
    memset (w, 0, sizeof *w);
    w->mem = new_arena (&w->a, small_geometry (geo_sel), &w->size, DB_OF, COLL_OF, NS_N,
                        w->ns_idx, w->db_idx);
+   /* The eviction policy's state, as a process-local cache has it. */
+   w->a.access = calloc (cqc_access_cells (&w->a.geo), sizeof (uint32_t));
+   w->a.access_mask = cqc_access_cells (&w->a.geo) - 1u;
+   FUZZ_CHECK (w->a.access && cqc_arena_w_policy_init (&w->a), "out of memory");
    for (k = 0; k < KEY_N; k++) {
       key_model_t *km = &w->keys[k];
       uint8_t filter[32];
@@ -233,7 +238,7 @@ run_writer (world_t *w, cursor_t *c)
 {
    uint32_t steps;
 
-   for (steps = 0; steps < 64 && c->n; steps++) {
+   for (steps = 0; steps < 160 && c->n; steps++) {
       uint8_t op = cur_u8 (c);
       key_model_t *km;
       uint32_t ns_idx;
@@ -241,7 +246,7 @@ run_writer (world_t *w, cursor_t *c)
       if (op == 0xff) {
          return; /* end of the program */
       }
-      switch (op % 7) {
+      switch (op % 9) {
       case 0:
       case 1:
          op_admit (w, c);
@@ -274,6 +279,25 @@ run_writer (world_t *w, cursor_t *c)
          cqc_arena_w_clear (&w->a);
          model_invalidate (w, any_key, 0);
          break;
+      case 7: {
+         /* A hit marks the writer's access map: later evictions move the
+          * entry instead (arena.c, S3-FIFO). */
+         copy_t cp;
+         km = &w->keys[cur_u8 (c) % KEY_N];
+         (void) lookup_copy (&w->a, w->ns_idx[km->ns], km->hash, km->key, km->key_len, &cp);
+         free (cp.buf);
+         break;
+      }
+      case 8: {
+         /* A process that writes anything into its map: eviction may
+          * choose differently, a hit must still be exact. */
+         uint32_t cell = cur_u8 (c), v = 0, b;
+         for (b = 0; b < 4; b++) {
+            v |= (uint32_t) cur_u8 (c) << (8 * b);
+         }
+         w->a.access[cell & w->a.access_mask] = v;
+         break;
+      }
       }
    }
 }
@@ -446,6 +470,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
                                                       1u << R_COUNT)) == 0, &c);
    }
 
+   cqc_arena_w_policy_free (&w->a);
+   free (w->a.access);
    free (w->mem);
    free (w);
    return 0;

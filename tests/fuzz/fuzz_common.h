@@ -134,7 +134,8 @@ small_geometry (uint8_t sel)
 {
    cqc_geometry_t geo = {0};
    geo.slot_count = (sel & 1) ? 128 : 64;
-   geo.budget_bytes = 4096u << ((sel >> 1) % 3u);
+   /* 4, 8, 16 or 32 KiB: from 16 KiB on, two rings (arena.c, eviction). */
+   geo.budget_bytes = 4096u << ((sel >> 1) % 4u);
    geo.ns_count = 16;
    geo.db_count = 4;
    geo.idgen_count = 64;

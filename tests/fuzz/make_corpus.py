@@ -165,8 +165,8 @@ def stream_seeds() -> None:
 
 # ------------------------------------------------------------- arena ---
 
-# fuzz_arena_patch opcodes (op % 7) and patch regions.
-ADMIT, INVAL_ID, INVAL_NS, INVAL_DB, HEALTH, CLEAR = 0, 2, 3, 4, 5, 6
+# fuzz_arena_patch opcodes (op % 9) and patch regions.
+ADMIT, INVAL_ID, INVAL_NS, INVAL_DB, HEALTH, CLEAR, LOOKUP, SCRIBBLE = 0, 2, 3, 4, 5, 6, 7, 8
 R_HEADER, R_DBS, R_NSS, R_IDGEN, R_SLOTS, R_RING, R_ANY = range(7)
 
 
@@ -216,6 +216,23 @@ def arena_patch_seeds() -> None:
     write("arena_patch", "odd_seqlock", patch_program(0, every, [
         patch(R_SLOTS, 64 * k, b"\x01") for k in range(8)]))
     write("arena_patch", "name_lookup", patch_program(0, every, [], b"d0.a"))
+    # Two rings (geometry 4: 16 KiB): fill the main ring, hit a few of its
+    # entries, replace others (dead blocks) until new entries go to the
+    # small ring, hit some there, and go on until both tails judge them:
+    # promotions, reinsertions, dead entries reclaimed, with a scribbled
+    # access cell beside.
+    ids = [k for k in range(24) if k % 8 < 4]  # the identity keys
+    others = [k for k in range(24) if k % 8 >= 4]
+    churn = [admit(k, value(k, 230)) for k in ids[:6]]
+    churn += [bytes([LOOKUP, 0]), bytes([LOOKUP, 1]), bytes([LOOKUP, 0])]
+    for r in range(36):  # replaced entries keep the main ring's place
+        k = ids[2 + r % 4]
+        churn += [bytes([INVAL_ID, k]), admit(k, value(k + 50 + r, 230))]
+    for k in ids[6:9]:  # the main ring is full: these start in the small ring
+        churn += [admit(k, value(k, 230)), bytes([LOOKUP, k]), bytes([LOOKUP, k])]
+    churn += [bytes([SCRIBBLE, 7]) + struct.pack("<I", 0xffffffff)]
+    churn += [admit(k, value(k + 100, 230)) for k in ids[9:] + others]
+    write("arena_patch", "evict_hot_and_dead", patch_program(4, churn, []))
 
 
 def arena_header(geo_slots: int = 64, budget: int = 4096) -> bytes:

@@ -13,6 +13,7 @@ __all__ = [
     "check_connection_string",
     "check_owner_options",
     "check_seconds",
+    "default_slot_count",
 ]
 
 MiB = 1024 * 1024
@@ -87,7 +88,8 @@ def check_owner_options(
     budget = _int_arg(prefix + "budget_bytes", budget_bytes, _MIN_BUDGET, _MAX_BUDGET)
     _int_arg(prefix + "max_entry_bytes", max_entry_bytes, 1, budget // 4)
     _int_arg(prefix + "max_await_time_ms", max_await_time_ms, _MIN_AWAIT_MS, _MAX_AWAIT_MS)
-    _int_arg(prefix + "slots", slots, _MIN_SLOTS, _MAX_SLOTS)
+    if slots is not None:
+        _int_arg(prefix + "slots", slots, _MIN_SLOTS, _MAX_SLOTS)
     if arena_bytes is not None and (
         isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes <= 0
     ):
@@ -105,7 +107,8 @@ class CacheConfig:
     is how long a change-stream getMore waits for events; a stream that has not
     made progress within ``2 * max_await_time_ms + 2000`` ms stops serving.
     ``slot_count`` is the capacity of the entry table (rounded up to a power of
-    two; default: one slot per 2 KiB of budget, at least 1024).
+    two; default: one slot per 512 bytes of budget, at least 1024, so that
+    entries of 700 bytes or more fill the budget before the table's 3/4).
     ``max_namespaces`` caps the collections the cache tracks (each costs a
     table cell, and each new database a change stream): reads of one more
     bypass with reason ``namespace_limit`` (default None: the arena's table,
@@ -140,4 +143,13 @@ class CacheConfig:
     def effective_slot_count(self) -> int:
         if self.slot_count is not None:
             return self.slot_count
-        return max(1024, self.budget_bytes // 2048)
+        return default_slot_count(self.budget_bytes)
+
+
+def default_slot_count(budget_bytes: int) -> int:
+    """The entry table's default capacity: one slot per 512 bytes of budget
+    (at least 1024). The table is kept at most 3/4 full, so entries of about
+    700 bytes and more (a 64-byte header, the key, the document) fill the
+    budget before the table; smaller ones are bound by the table
+    (docs/deployment.md, capacity planning)."""
+    return max(1024, budget_bytes // 512)

@@ -739,6 +739,13 @@ class Engine:
             entries=stats["entries"],
             streams=streams,
             behind=stats["behind_lookups"] + self._carried["behind"],
+            live_bytes=stats["live_bytes"],
+            dead_bytes=stats["dead_bytes"],
+            promotions=stats["promotions"],
+            reinsertions=stats["reinsertions"],
+            forced_evictions=stats["forced_evictions"],
+            ghost_hits=stats["ghost_hits"],
+            reclaimed=stats["dead_reclaimed"],
         )
 
     def ready(self, database: str | None) -> bool:

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from .config import MiB, check_max_namespaces, check_owner_options, check_seconds
+from .config import MiB, check_max_namespaces, check_owner_options, check_seconds, default_slot_count
 from .errors import CacheConfigurationError
 from .shared import (
     OwnerLink,
@@ -53,7 +53,7 @@ class SharedCache:
         *,
         arena_bytes: int | None = None,
         budget_bytes: int = 32 * MiB,
-        slots: int = 16384,
+        slots: int | None = None,
         max_entry_bytes: int = 1 * MiB,
         max_await_time_ms: int = 1000,
         idle_exit_seconds: float | None = None,
@@ -102,7 +102,7 @@ class SharedCache:
             "max_namespaces": max_namespaces,
             "arena_bytes": arena_bytes or 0,
             "budget_bytes": budget_bytes,
-            "slots": slots,
+            "slots": slots if slots is not None else default_slot_count(budget_bytes),
             "max_entry_bytes": max_entry_bytes,
             "max_await_time_ms": max_await_time_ms,
             "idle_exit_seconds": idle_exit_seconds,
@@ -234,7 +234,7 @@ class SharedCacheConfig:
     uri: str | None = None
     arena_bytes: int | None = None
     budget_bytes: int = 32 * MiB
-    slots: int = 16384
+    slots: int | None = None
     max_entry_bytes: int = 1 * MiB
     max_await_time_ms: int = 1000
     grace_seconds: float = 5.0

@@ -72,6 +72,22 @@ class CacheSnapshot:
     #: than what this process has already seen): the read went to MongoDB as
     #: a miss, not counted in ``misses``.
     behind: int = 0
+    #: Payload bytes of entries a lookup could serve, and the rest of the
+    #: payload rings' bytes: entries invalidated or replaced but not yet
+    #: reclaimed, conflict markers, padding (docs/architecture.md, eviction).
+    live_bytes: int = 0
+    dead_bytes: int = 0
+    #: The eviction policy's work (S3-FIFO): entries hit often enough in the
+    #: small ring copied to the main ring, main-ring entries hit since their
+    #: last move copied to its head, entries evicted though hit because the
+    #: copy allowance was spent, keys admitted straight to the main ring
+    #: because they had been evicted from the small ring recently, and
+    #: invalidated entries reclaimed (not counted in ``evictions``).
+    promotions: int = 0
+    reinsertions: int = 0
+    forced_evictions: int = 0
+    ghost_hits: int = 0
+    reclaimed: int = 0
 
     @property
     def bypass_total(self) -> int:
