@@ -992,25 +992,25 @@ ring_pop_w (cqc_arena_t *a, const wring_t *r)
          if (!ring_alloc_w (a, &m, len, &to)) {
             return; /* cannot happen: an entry is at most a quarter of the ring */
          }
-         if (*r->tail != tail || *r->span < len) {
-            return; /* the arena was cleared under us (cqc_arena_w_clear) */
-         }
          i = bh->slot;
          s = i < h->geo.slot_count ? &a->slots[i] : NULL;
-         if (s && s->state && s->block_off == at && s->block_gen == bh->gen) {
+         if (*r->tail == tail && *r->span >= len && s && s->state && s->block_off == at &&
+             s->block_gen == bh->gen) {
             move_block_w (a, i, at, to, len, 0);
             h->small_entries--;
             h->promotions++;
-         } else {
-            /* Its slot went with a clear: leave a hole in the main ring. */
-            block_hdr_t *hole = block_at_w (a, to);
-            hole->magic = BLOCK_MAGIC;
-            hole->gen = 0;
-            hole->len = (uint32_t) len;
-            hole->slot = CQC_NO_CELL;
-            bh->magic = 0;
+            ring_release_w (r, len);
+            return;
          }
-         ring_release_w (r, len);
+         /* The arena was cleared under us (cqc_arena_w_clear, on bookkeeping
+          * it found inconsistent): what was taken in the main ring becomes
+          * a hole its tail reclaims, and this ring is left as the clear
+          * left it. */
+         bh = block_at_w (a, to);
+         bh->magic = BLOCK_MAGIC;
+         STORE_RELAXED (&bh->gen, 0u);
+         bh->len = (uint32_t) len;
+         bh->slot = CQC_NO_CELL;
          return;
       } else {
          /* The block leaves the tail for the head of the same ring: once
