@@ -54,7 +54,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define CQC_SEEN_BUCKETS 512u
+#define CQC_SEEN_BUCKETS 2048u
 #define CQC_SEEN_WAYS 8u
 
 /* The observations of one scope, folded. */
