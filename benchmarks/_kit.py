@@ -649,7 +649,7 @@ def stop_owner(owner: Any, timeout: float | None = None) -> None:
         from client_query_cache._core.shared import paths_for
 
         if not process_alive(owner.pid):
-            paths_for(owner.name)["lock"].unlink()
+            os.unlink(paths_for(owner.name)["lock"])  # a str path
 
 
 def checked_owner(uri: str, prefix: str, **options: Any) -> contextlib.AbstractContextManager[Any]:
