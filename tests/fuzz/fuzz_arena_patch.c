@@ -49,7 +49,8 @@
 #define NS_N 3
 #define KEYS_PER_NS 8
 #define KEY_N (NS_N * KEYS_PER_NS)
-#define HIST_MAX 64
+#define STEPS_MAX 160 /* writer ops per input */
+#define HIST_MAX STEPS_MAX /* every admission of a program is remembered */
 #define VAL_MAX 255
 
 typedef struct {
@@ -238,7 +239,7 @@ run_writer (world_t *w, cursor_t *c)
 {
    uint32_t steps;
 
-   for (steps = 0; steps < 160 && c->n; steps++) {
+   for (steps = 0; steps < STEPS_MAX && c->n; steps++) {
       uint8_t op = cur_u8 (c);
       key_model_t *km;
       uint32_t ns_idx;
