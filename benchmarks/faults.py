@@ -103,12 +103,14 @@ class Context:
         self.proxy.delay = 0.3
 
     def kill_cursor(self) -> None:
-        ns = f"{self.db}.$cmd.aggregate"
+        # The deployment-wide stream's cursor, or the database's own.
+        namespaces = {"admin.$cmd.aggregate", f"{self.db}.$cmd.aggregate"}
         idle = [op for op in self.admin.admin.command("currentOp")["inprog"] if op.get("type") == "idleCursor"]
-        ids = [Int64(op["cursorId"]) for op in idle if op.get("ns") == ns and op.get("cursorId")]
-        if not ids:
+        found = [(op["ns"], Int64(op["cursorId"])) for op in idle if op.get("ns") in namespaces and op.get("cursorId")]
+        if not found:
             raise FaultRunFailed("the stream's cursor is not listed by currentOp")
-        self.admin[self.db].command("killCursors", "$cmd.aggregate", cursors=ids)
+        for ns, cursor in found:
+            self.admin[ns.split(".", 1)[0]].command("killCursors", "$cmd.aggregate", cursors=[cursor])
 
     def lose_history(self) -> None:
         self.cut()

@@ -114,7 +114,7 @@ cqc_arena_required_bytes (cqc_geometry_t *geo)
    geo->ns_count = pow2_at_least (geo->ns_count ? geo->ns_count : 1024, 16);
    geo->idgen_count = pow2_at_least (geo->idgen_count ? geo->idgen_count : 65536, 64);
    if (geo->db_count == 0) {
-      geo->db_count = 256;
+      geo->db_count = 1024;
    }
    geo->budget_bytes = align_up (geo->budget_bytes, 64);
 

@@ -229,14 +229,13 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
       return false;
    }
    dbs = c->arena.geo.db_count;
-   c->streams = calloc (dbs, sizeof (cqc_stream_t *));
    c->final_info = calloc (dbs, sizeof (cqc_stream_info_t));
    /* A worker follows nothing: the owner does. */
    c->uri = mode != CQC_MODE_WORKER && cfg->uri ? strdup (cfg->uri) : NULL;
    c->tls_ca_file = c->uri && cfg->tls_ca_file ? strdup (cfg->tls_ca_file) : NULL;
    c->tls_ca_dir = c->uri && cfg->tls_ca_dir ? strdup (cfg->tls_ca_dir) : NULL;
    c->tls_crl_file = c->uri && cfg->tls_crl_file ? strdup (cfg->tls_crl_file) : NULL;
-   if (!c->streams || !c->final_info || !cqc_floor_init (&c->floor, dbs, c->arena.geo.ns_count) ||
+   if (!c->final_info || !cqc_floor_init (&c->floor, dbs, c->arena.geo.ns_count) ||
        (mode != CQC_MODE_WORKER && cfg->uri && !c->uri) ||
        (c->uri && cfg->tls_ca_file && !c->tls_ca_file) ||
        (c->uri && cfg->tls_ca_dir && !c->tls_ca_dir) ||
@@ -245,6 +244,8 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
       return false;
    }
    c->max_await_ms = cfg->max_await_ms;
+   c->stream_scope = cfg->stream_scope == CQC_STREAM_SCOPE_DATABASE ? CQC_STREAM_SCOPE_DATABASE
+                                                                     : CQC_STREAM_SCOPE_DEPLOYMENT;
    if (mode == CQC_MODE_OWNER && !(c->owner = cqc_owner_start (&c->writer, msg, sizeof msg))) {
       cqc_error_set (err, CQC_ERR_RUNTIME, "%s", msg);
       return false;
@@ -259,29 +260,20 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
 void
 cqc_cache_stop (cqc_cache_t *c)
 {
-   uint32_t i, n = c->arena.hdr ? c->arena.geo.db_count : 0;
-   cqc_stream_info_t info;
+   cqc_stream_t *follower;
    cqc_owner_t *owner;
+   uint32_t i;
 
-   for (i = 0; i < n && c->streams; i++) {
-      pthread_mutex_lock (&c->threads_mu);
-      if (c->streams[i]) {
-         cqc_stream_signal_stop (c->streams[i]);
-      }
-      pthread_mutex_unlock (&c->threads_mu);
-   }
-   for (i = 0; i < n && c->streams; i++) {
-      cqc_stream_t *st;
-      pthread_mutex_lock (&c->threads_mu);
-      st = c->streams[i];
-      c->streams[i] = NULL;
-      pthread_mutex_unlock (&c->threads_mu);
-      if (st) {
-         cqc_stream_destroy_keep_info (st, &info);
-         info.state = CQC_STREAM_CLOSED;
-         pthread_mutex_lock (&c->threads_mu);
-         c->final_info[i] = info;
-         pthread_mutex_unlock (&c->threads_mu);
+   pthread_mutex_lock (&c->threads_mu);
+   follower = c->follower;
+   c->follower = NULL;
+   pthread_mutex_unlock (&c->threads_mu);
+   if (follower) {
+      /* Joined outside threads_mu: reports wait for nothing meanwhile, and
+       * read final_info only once stopped is set below. */
+      cqc_stream_destroy_keep_info (follower, c->final_info);
+      for (i = 0; i < c->arena.geo.db_count; i++) {
+         c->final_info[i].state = CQC_STREAM_CLOSED;
       }
    }
    pthread_mutex_lock (&c->threads_mu);
@@ -310,7 +302,6 @@ cqc_cache_release (cqc_cache_t *c, bool threads)
       free (c->arena.access); /* a worker's is in its segment */
    }
    cqc_arena_w_policy_free (&c->arena);
-   free (c->streams);
    free (c->final_info);
    cqc_floor_free (&c->floor);
    if (c->uri) {
@@ -331,7 +322,6 @@ bool
 cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *coll,
                     size_t coll_len, uint32_t *ns_idx, uint32_t *db_idx, cqc_error_t *err)
 {
-   cqc_stream_t *st = NULL;
    char msg[256];
    bool ok;
 
@@ -350,11 +340,14 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
       return false;
    }
    pthread_mutex_lock (&c->threads_mu);
-   if (c->uri && !c->stopped && !c->streams[*db_idx]) {
-      cqc_trust_t trust = {c->tls_ca_file, c->tls_ca_dir, c->tls_crl_file};
-      st = c->streams[*db_idx] = cqc_stream_start (&c->writer, *db_idx, c->arena.dbs[*db_idx].name,
-                                                   c->uri, &trust, c->max_await_ms, msg, sizeof msg);
-      ok = st != NULL;
+   if (c->uri && !c->stopped) {
+      if (!c->follower) {
+         cqc_trust_t trust = {c->tls_ca_file, c->tls_ca_dir, c->tls_crl_file};
+         c->follower = cqc_stream_start (&c->writer, c->stream_scope, c->uri, &trust,
+                                         c->max_await_ms, msg, sizeof msg);
+      }
+      ok = c->follower &&
+           cqc_stream_add (c->follower, *db_idx, c->arena.dbs[*db_idx].name, msg, sizeof msg);
    }
    pthread_mutex_unlock (&c->threads_mu);
    if (!ok) {
@@ -607,11 +600,12 @@ cqc_cache_db_report (cqc_cache_t *c, uint32_t db_idx, cqc_db_report_t *out)
    seen = cqc_arena_r_db_state (&c->arena, db_idx, &out->stalled);
    out->stalled = out->stalled && seen != CQC_STREAM_HEALTHY;
    pthread_mutex_lock (&c->threads_mu);
-   if (c->streams[db_idx]) {
-      cqc_stream_get_info (c->streams[db_idx], &out->info);
-   } else if (c->stopped && c->mode != CQC_MODE_WORKER) {
+   if (c->follower && cqc_stream_get_info (c->follower, db_idx, &out->info)) {
+      out->followed = true;
+   } else if (c->stopped && c->mode != CQC_MODE_WORKER && c->uri) {
       out->info = c->final_info[db_idx];
       out->info.state = CQC_STREAM_CLOSED;
+      out->followed = true;
    }
    pthread_mutex_unlock (&c->threads_mu);
    if (c->mode == CQC_MODE_WORKER) {

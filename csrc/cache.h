@@ -2,7 +2,7 @@
  * cache.h - a cache: an arena and whatever writes it, in one of three modes.
  *
  *   local   the arena in process-private memory; this process admits, and
- *           follows one change stream per registered database.
+ *           follows the registered databases' changes (stream.h).
  *   owner   the arena in a shared file this process creates (shm.h); it
  *           follows the streams, drains the workers' rings (owner.h) and
  *           publishes a heartbeat. It serves no reads.
@@ -47,6 +47,7 @@ typedef struct {
    const char *tls_ca_dir;                  /* local, owner; either may be NULL */
    const char *tls_crl_file;                /* local, owner; NULL: none */
    long long max_await_ms;                  /* local, owner */
+   int stream_scope;                        /* local, owner: cqc_stream_scope_t */
    const char *arena_path;                  /* owner (created), worker (attached) */
    unsigned long long heartbeat_timeout_ms; /* owner */
    const char *segment_path;                /* worker: its ring, created */
@@ -64,11 +65,12 @@ typedef struct {
    void *seg;                /* worker: its ring segment */
    size_t seg_len;
    cqc_ring_producer_t ring; /* worker: the producer's private state of seg */
-   /* Followers by db_idx, a stopped follower's last info, and the owner's
-    * drain: guarded by threads_mu, so a report never reads a thread's state
-    * while cqc_cache_stop frees it. */
+   /* The follower (started with the first registration), each database's
+    * last info once it stopped (by db_idx), and the owner's drain: guarded
+    * by threads_mu, so a report never reads a thread's state while
+    * cqc_cache_stop frees it. */
    pthread_mutex_t threads_mu;
-   cqc_stream_t **streams;
+   cqc_stream_t *follower;
    cqc_stream_info_t *final_info;
    bool stopped;
    char *uri; /* NULL: no followers */
@@ -76,6 +78,7 @@ typedef struct {
    char *tls_ca_dir;
    char *tls_crl_file;
    int64_t max_await_ms;
+   cqc_stream_scope_t stream_scope;
    cqc_floor_t floor;
    /* This process's lookups. */
    uint64_t hits;
@@ -102,7 +105,8 @@ void cqc_cache_stop (cqc_cache_t *c);
  * drain and the locks belong to the parent's image and are left alone. */
 void cqc_cache_release (cqc_cache_t *c, bool threads);
 
-/* Register a namespace (local, owner) and start its database's follower. */
+/* Register a namespace (local, owner) and have the follower follow its
+ * database. */
 bool cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *coll,
                          size_t coll_len, uint32_t *ns_idx, uint32_t *db_idx, cqc_error_t *err);
 
@@ -162,6 +166,7 @@ typedef struct {
    char name[CQC_DB_NAME_MAX];
    uint32_t name_len;
    cqc_stream_info_t info; /* the follower's, or as the owner published it */
+   bool followed;          /* info (its scope too) is this process's follower's */
    bool stalled;
    uint32_t incarnation;
    uint64_t applied;

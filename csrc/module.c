@@ -225,14 +225,15 @@ Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
 {
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",          "max_await_time_ms",
                             "decode",       "objectid_type", "closed_error", "forked_error",
-                            "tls_ca_file",  "tls_ca_dir",    "tls_crl_file", NULL};
+                            "tls_ca_file",  "tls_ca_dir",    "tls_crl_file", "stream_scope",
+                            NULL};
    cqc_cache_config_t cfg = {0};
    PyObject *decode, *oid, *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zzz", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zzzi", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms, &decode, &oid,
                                      &closed_error, &forked_error, &cfg.tls_ca_file,
-                                     &cfg.tls_ca_dir, &cfg.tls_crl_file)) {
+                                     &cfg.tls_ca_dir, &cfg.tls_crl_file, &cfg.stream_scope)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_LOCAL, &cfg, decode, oid, closed_error, forked_error);
@@ -245,15 +246,17 @@ Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",
                             "max_await_time_ms",    "arena_path",   "closed_error",
                             "forked_error", "heartbeat_timeout_ms", "arena_bytes",
-                            "tls_ca_file",  "tls_ca_dir",   "tls_crl_file", NULL};
+                            "tls_ca_file",  "tls_ca_dir",   "tls_crl_file", "stream_scope",
+                            NULL};
    cqc_cache_config_t cfg = {.heartbeat_timeout_ms = 1000};
    PyObject *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KKzzz", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KKzzzi", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms,
                                      &cfg.arena_path, &closed_error, &forked_error,
                                      &cfg.heartbeat_timeout_ms, &cfg.arena_bytes,
-                                     &cfg.tls_ca_file, &cfg.tls_ca_dir, &cfg.tls_crl_file)) {
+                                     &cfg.tls_ca_file, &cfg.tls_ca_dir, &cfg.tls_crl_file,
+                                     &cfg.stream_scope)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error);
@@ -842,6 +845,15 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
          "event_bytes", (unsigned long long) r.info.event_bytes, "invalidations",
          (unsigned long long) r.info.invalidations, "lag", r.info.lag_samples, r.info.lag_p50_ms,
          r.info.lag_p95_ms, r.info.lag_max_ms);
+      if (d && r.followed) {
+         PyObject *scope = Py_BuildValue (
+            "(ss)", r.info.scope == CQC_STREAM_SCOPE_DATABASE ? "database" : "deployment",
+            r.info.scope_reason);
+         if (!scope || PyDict_SetItemString (d, "scope", scope) < 0) {
+            Py_CLEAR (d);
+         }
+         Py_XDECREF (scope);
+      }
       if (!d || PyList_Append (list, d) < 0) {
          Py_XDECREF (d);
          Py_DECREF (list);

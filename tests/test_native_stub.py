@@ -87,6 +87,7 @@ def _values(tmp_path: Path) -> dict[str, object]:
         "tls_ca_file": None,
         "tls_ca_dir": None,
         "tls_crl_file": None,
+        "stream_scope": 0,
     }
 
 

@@ -161,16 +161,22 @@ def test_a_stopped_server_makes_reads_bypass_within_the_stall_bound_and_caching_
 # -- the stream's cursor is killed ---------------------------------------------------
 
 
-def _stream_cursor_ids(client: pymongo.MongoClient, db_name: str) -> set[int]:
-    """Ids of the open database-level change-stream cursors on ``db_name``
-    (SecantusDB lists them as idle cursors of "<db>.$cmd.aggregate")."""
-    ns = f"{db_name}.$cmd.aggregate"
+def _stream_cursors(client: pymongo.MongoClient, db_name: str) -> dict[int, str]:
+    """Ids of the open change-stream cursors that can carry ``db_name``:
+    the deployment-wide ones and ``db_name``'s own (SecantusDB lists them as
+    idle cursors of "admin.$cmd.aggregate" and "<db>.$cmd.aggregate"), with
+    the database each belongs to."""
+    namespaces = {"admin.$cmd.aggregate", f"{db_name}.$cmd.aggregate"}
     ops = client.admin.command("currentOp")["inprog"]
     return {
-        int(op["cursorId"])
+        int(op["cursorId"]): op["ns"].split(".", 1)[0]
         for op in ops
-        if op.get("type") == "idleCursor" and op.get("ns") == ns and op.get("cursorId")
+        if op.get("type") == "idleCursor" and op.get("ns") in namespaces and op.get("cursorId")
     }
+
+
+def _stream_cursor_ids(client: pymongo.MongoClient, db_name: str) -> set[int]:
+    return set(_stream_cursors(client, db_name))
 
 
 @needs_local_server
@@ -180,11 +186,13 @@ def test_a_killed_stream_cursor_is_resumed_and_later_writes_invalidate(
     client[db_name].items.insert_one({"_id": 1, "v": 1})
     coll = ready_collection(manager, db_name, "items")
     _cache_twice(manager, coll, {"_id": 1, "v": 1})
-    killed = wait_until(lambda: _stream_cursor_ids(client, db_name), what="the stream's cursor is listed")
-    assert len(killed) == 1
-
-    reply = client[db_name].command("killCursors", "$cmd.aggregate", cursors=[Int64(i) for i in killed])
-    assert set(reply["cursorsKilled"]) == killed
+    # Every deployment-wide stream's cursor is listed under "admin", other
+    # caches' too (they resume as this one does): all are killed.
+    cursors = wait_until(lambda: _stream_cursors(client, db_name), what="the stream's cursor is listed")
+    killed = set(cursors)
+    for cursor, owner_db in cursors.items():
+        reply = client[owner_db].command("killCursors", "$cmd.aggregate", cursors=[Int64(cursor)])
+        assert reply["cursorsKilled"] == [cursor]
     # A write right after the kill, racing the stream's resume.
     other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
 

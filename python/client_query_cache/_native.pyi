@@ -7,7 +7,7 @@ lists.
 """
 
 from collections.abc import Callable
-from typing import Any, Final, TypedDict, final
+from typing import Any, Final, NotRequired, TypedDict, final
 
 from typing_extensions import Buffer
 
@@ -65,6 +65,9 @@ class _StreamInfo(TypedDict):
     invalidations: int
     #: (samples, p50 ms, p95 ms, max ms) of the latest events' lag
     lag: tuple[int, float, float, float]
+    #: (scope in use, why): "deployment" or "database", and "" or the
+    #: reason; absent where this process follows no stream (a worker)
+    scope: NotRequired[tuple[str, str]]
 
 @final
 class Cache:
@@ -84,10 +87,12 @@ class Cache:
         tls_ca_file: str | None = None,
         tls_ca_dir: str | None = None,
         tls_crl_file: str | None = None,
+        stream_scope: int = 0,
     ) -> Cache:
         """A process-local cache: an arena in private memory that this process
-        admits to, and one change-stream follower per registered database
-        (none when ``uri`` is None). ``tls_ca_file`` / ``tls_ca_dir``: the
+        admits to, and one change-stream follower for the registered
+        databases (none when ``uri`` is None): one deployment-wide stream
+        (``stream_scope`` 0) or one stream per database (1). ``tls_ca_file`` / ``tls_ca_dir``: the
         certificate authorities the followers verify the server with when
         ``uri`` turns TLS on without ``tlsCAFile`` (the platform's trust
         store, _core/trust.py); ``None``: libmongoc's default.
@@ -109,12 +114,13 @@ class Cache:
         tls_ca_file: str | None = None,
         tls_ca_dir: str | None = None,
         tls_crl_file: str | None = None,
+        stream_scope: int = 0,
     ) -> Cache:
         """A shared cache's owner: creates the arena file at ``arena_path``,
         follows the change streams and drains the workers' rings. It serves
         no reads: ``lookup``, ``capture`` and ``admit`` raise
-        RuntimeError. ``tls_ca_file``, ``tls_ca_dir`` and ``tls_crl_file`` as
-        for ``local``."""
+        RuntimeError. ``tls_ca_file``, ``tls_ca_dir``, ``tls_crl_file`` and
+        ``stream_scope`` as for ``local``."""
 
     @classmethod
     def worker(
@@ -249,7 +255,7 @@ class Cache:
         """Arena and lookup counters."""
 
     def streams(self) -> list[_StreamInfo]:
-        """Change-stream followers, one per registered database."""
+        """What the follower reports of each registered database."""
 
     def close(self) -> None:
         """Stop the followers."""

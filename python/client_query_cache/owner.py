@@ -119,6 +119,7 @@ class _Owner:
             tls_ca_file=config.get("tls_ca_file"),
             tls_ca_dir=config.get("tls_ca_dir"),
             tls_crl_file=config.get("tls_crl_file"),
+            stream_scope=1 if config.get("stream_scope") == "database" else 0,
         )
         old = os.umask(0o177)
         try:
@@ -166,6 +167,8 @@ class _Owner:
                     "lag_p95_ms": s["lag"][2] if s["lag"][0] else None,
                     "lag_max_ms": s["lag"][3] if s["lag"][0] else None,
                     "last_error": s["last_error"],
+                    "scope": s["scope"][0] if "scope" in s else None,
+                    "scope_reason": s["scope"][1] if "scope" in s else None,
                 }
                 for s in streams
             ],

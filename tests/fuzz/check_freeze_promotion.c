@@ -52,7 +52,6 @@ main (void)
    cqc_owner_t o;
    follow_t f;
    mongoc_client_t *client;
-   int64_t backoff = 7;
    uint32_t ns_idx, db;
    char err[256];
 
@@ -68,7 +67,13 @@ main (void)
    memset (&s, 0, sizeof s);
    s.w.arena = &arena;
    s.w.lock = &lock;
-   s.db_idx = db;
+   s.client = client;
+   s.cap = s.n_dbs = 1;
+   s.dbs = calloc (1, sizeof *s.dbs);
+   if (!s.dbs) {
+      return 2;
+   }
+   s.dbs[0].db_idx = db;
    pthread_mutex_init (&s.mu, NULL);
    pthread_cond_init (&s.cv, NULL);
    memset (&o, 0, sizeof o);
@@ -79,18 +84,24 @@ main (void)
     * up. */
    cqc_arena_w_set_health (&arena, db, CQC_STREAM_RECONNECTING);
    memset (&f, 0, sizeof f);
+   f.lo = 0;
+   f.hi = 1;
+   f.backoff = 7;
    f.freezes = __atomic_load_n (&arena.hdr->freezes, __ATOMIC_ACQUIRE);
    f.caught_up = true;
    demote_after_freeze (&o);
-   CHECK (!become_healthy (&s, &f, client, &backoff), "a promotion after a demotion it raced");
+   become_healthy (&s, &f);
+   CHECK (!s.dbs[0].serving && !f.serving, "a promotion after a demotion it raced");
    CHECK (health (&arena, db) == CQC_STREAM_RECONNECTING, "the database serves again");
-   CHECK (!f.caught_up && backoff == 7 && !f.ever_healthy, "the catch-up did not start over");
+   CHECK (!f.caught_up && f.backoff == 7 && !s.dbs[0].ever_healthy,
+          "the catch-up did not start over");
    CHECK (f.freezes == arena.hdr->freezes, "the new catch-up did not note the freeze");
 
    /* 3. That new catch-up, begun after the demotion, promotes. */
    f.caught_up = true;
-   CHECK (become_healthy (&s, &f, client, &backoff), "a catch-up after the freeze refused");
-   CHECK (health (&arena, db) == CQC_STREAM_HEALTHY && backoff == 0, "not healthy");
+   become_healthy (&s, &f);
+   CHECK (s.dbs[0].serving && f.serving == 1, "a catch-up after the freeze refused");
+   CHECK (health (&arena, db) == CQC_STREAM_HEALTHY && f.backoff == 0, "not healthy");
 
    /* 2. Promoted first, then demoted: the demotion stands. */
    demote_after_freeze (&o);
@@ -101,6 +112,7 @@ main (void)
    mongoc_cleanup ();
    pthread_mutex_destroy (&s.mu);
    pthread_cond_destroy (&s.cv);
+   free (s.dbs);
    free (mem);
    return failures ? 1 : 0;
 }

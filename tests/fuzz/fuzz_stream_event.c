@@ -3,8 +3,10 @@
  * server: the input is the event's BSON, applied by apply_event (static in
  * stream.c, so this file includes stream.c) to a real arena.
  *
- * Before the event the arena holds, in each of the namespaces d.a, d.b
- * (database d, the stream's) and o.a (database o), a query entry
+ * The stream carries database d alone (a database's own stream), or d and
+ * o (the deployment-wide stream of a cache serving both): the input's
+ * length decides, odd carrying both. Before the event the arena holds, in
+ * each of the namespaces d.a, d.b and o.a, a query entry
  * (count_documents {x: 1}) and identity entries find_one {_id: v} for
  * v = 1, "a", the event's documentKey._id and, when that is a number, the
  * same number as int32, int64 and double. Every entry is admitted through a
@@ -17,13 +19,17 @@
  *       every entry of N when X is missing or a Decimal128;
  *   drop: every entry of N;   rename: N's and the target's, or the whole
  *       database when the target is not named;
- *   dropDatabase, invalidate: every entry of the stream's database;
- *   any other type: every entry of N, or of the database when the event
- *       names no namespace.
+ *   dropDatabase: every entry of the event's database;
+ *   invalidate: every entry of every database the stream carries;
+ *   any other type: every entry of N, or of the event's database when the
+ *       event names no namespace.
+ * The event's database is the carried one its ns.db names, else the one its
+ * to.db names, else the stream's only one; else every carried database.
  * The operation type is compared as stream.c does (a C string). Also:
  * apply_event asks for a reopen exactly on "invalidate", marks the stream
  * caught up exactly when clusterTime is at or after the open time, and
- * counts the event. Over-invalidation is allowed (it is safe) and not
+ * counts the event for its database (for every carried one when it has
+ * none, or is an invalidate). Over-invalidation is allowed (it is safe) and not
  * checked. Malformed BSON (bson_init_static accepts any length-prefixed
  * bytes) must not crash either.
  */
@@ -182,6 +188,34 @@ build_world (world_t *w, const bson_t *doc)
    }
 }
 
+/* The model database (0: d, 1: o) of database name db, or -1. */
+static int
+model_db (const char *db, uint32_t len)
+{
+   return !db ? -1 : len == 1 && db[0] == 'd' ? 0 : len == 1 && db[0] == 'o' ? 1 : -1;
+}
+
+/* The model database an event is about when the stream carries d (and o
+ * when both), as stream.c decides; -1: every database it carries. */
+static int
+event_db (const bson_t *doc, bool both)
+{
+   const char *db, *coll;
+   uint32_t db_len, coll_len;
+   const char *const fields[] = {"ns", "to"};
+   size_t k;
+
+   for (k = 0; k < 2; k++) {
+      int m;
+      get_ns (doc, fields[k], &db, &db_len, &coll, &coll_len);
+      m = model_db (db, db_len);
+      if (m == 0 || (m == 1 && both)) {
+         return m;
+      }
+   }
+   return both ? -1 : 0;
+}
+
 /* The model namespace named by field.db / field.coll, or -1. */
 static int
 named_ns (const bson_t *doc, const char *field, bool *has_db, bool *has_coll)
@@ -213,10 +247,11 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    bson_iter_t it, id;
    const char *op = "";
    bool must_go[NS_N * ENT_MAX] = {false};
-   bool has_db, has_coll, crud, id_hashable = false, reopen, want_caught_up = false;
-   int ns, to;
+   bool has_db, has_coll, crud, id_hashable = false, reopen, want_caught_up = false, all;
+   bool both = size % 2 == 1;
+   int ns, to, ed;
    uint32_t i, t = 0, inc = 0;
-   uint64_t events_before;
+   uint64_t events_before[2];
 
    if (!bson_init_static (&doc, data, size)) {
       return 0;
@@ -228,9 +263,19 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    memset (&s, 0, sizeof s);
    s.w.arena = &w->a;
    s.w.lock = &w->lock;
-   s.db_idx = w->db_idx[0];
+   s.cap = 2;
+   s.dbs = calloc (2, sizeof *s.dbs);
+   FUZZ_CHECK (s.dbs, "out of memory");
+   s.dbs[0].db_idx = w->db_idx[0];
+   s.dbs[1].db_idx = w->db_idx[2];
+   s.dbs[0].name_len = s.dbs[1].name_len = 1;
+   memcpy (s.dbs[0].name, "d", 2);
+   memcpy (s.dbs[1].name, "o", 2);
+   s.n_dbs = both ? 2 : 1;
    pthread_mutex_init (&s.mu, NULL);
    memset (&f, 0, sizeof f);
+   f.lo = 0;
+   f.hi = s.n_dbs;
    f.have_open_time = true;
    f.open_t = 100;
    f.open_i = 5;
@@ -275,10 +320,14 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    }
    crud = !strcmp (op, "insert") || !strcmp (op, "update") || !strcmp (op, "replace") ||
           !strcmp (op, "delete");
+   ed = event_db (&doc, both);
+   all = ed < 0 || !strcmp (op, "invalidate");
    for (i = 0; i < w->n; i++) {
       const entry_t *e = &w->e[i];
       bool in_n = ns >= 0 && e->ns == (uint32_t) ns;
-      bool in_db = w->db_idx[e->ns] == s.db_idx;
+      int edb = DB_OF[e->ns][0] == 'd' ? 0 : 1;
+      bool carried = edb == 0 || both;
+      bool in_db = ed >= 0 ? edb == ed : carried;
       if (crud) {
          must_go[i] = in_n && (!e->identity || e->event_id || !id_hashable);
       } else if (!strcmp (op, "drop")) {
@@ -287,8 +336,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
          bool to_db, to_coll;
          to = named_ns (&doc, "to", &to_db, &to_coll);
          must_go[i] = in_n || (to_db && to_coll ? to >= 0 && e->ns == (uint32_t) to : in_db);
-      } else if (!strcmp (op, "dropDatabase") || !strcmp (op, "invalidate")) {
+      } else if (!strcmp (op, "dropDatabase")) {
          must_go[i] = in_db;
+      } else if (!strcmp (op, "invalidate")) {
+         must_go[i] = carried;
       } else if (has_db && has_coll) {
          must_go[i] = in_n;
       } else {
@@ -296,14 +347,20 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       }
    }
 
-   events_before = w->a.dbs[s.db_idx].events;
+   for (i = 0; i < 2; i++) {
+      events_before[i] = w->a.dbs[s.dbs[i].db_idx].events;
+   }
    reopen = apply_event (&s, &f, &doc);
    FUZZ_CHECK (reopen == !strcmp (op, "invalidate"), "apply_event returned %d for \"%s\"",
                (int) reopen, op);
    FUZZ_CHECK (f.caught_up == want_caught_up, "caught_up %d for clusterTime %u.%u",
                (int) f.caught_up, t, inc);
-   FUZZ_CHECK (w->a.dbs[s.db_idx].events == events_before + 1 && s.events == 1,
-               "event not counted");
+   for (i = 0; i < 2; i++) {
+      bool counted = i < s.n_dbs && (all || ed == (int) i);
+      FUZZ_CHECK (w->a.dbs[s.dbs[i].db_idx].events == events_before[i] + (counted ? 1 : 0) &&
+                     s.dbs[i].events == (counted ? 1u : 0u),
+                  "event counted wrong for database %u (\"%s\", carried %u)", i, op, s.n_dbs);
+   }
 
    for (i = 0; i < w->n; i++) {
       const entry_t *e = &w->e[i];
@@ -321,6 +378,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    }
 
    pthread_mutex_destroy (&s.mu);
+   free (s.dbs);
    pthread_mutex_destroy (&w->lock);
    free (w->mem);
    free (w);

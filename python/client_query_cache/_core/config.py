@@ -73,6 +73,18 @@ def check_max_namespaces(name: str, value: object) -> None:
         _int_arg(name, value, 1, MAX_NAMESPACES)
 
 
+#: What ``stream_scope`` may be: one deployment-wide change stream for every
+#: database the cache serves, or one stream per database (csrc/stream.h).
+STREAM_SCOPES = ("deployment", "database")
+
+
+def check_stream_scope(name: str, value: object) -> int:
+    """``stream_scope``'s value, as the native cache takes it (0, 1)."""
+    if not isinstance(value, str) or value not in STREAM_SCOPES:
+        raise CacheConfigurationError(f"{name} must be 'deployment' or 'database', not {value!r}")
+    return STREAM_SCOPES.index(value)
+
+
 def check_owner_options(
     *,
     arena_bytes: object,
@@ -110,9 +122,13 @@ class CacheConfig:
     two; default: one slot per 512 bytes of budget, at least 1024, so that
     entries of 700 bytes or more fill the budget before the table's 3/4).
     ``max_namespaces`` caps the collections the cache tracks (each costs a
-    table cell, and each new database a change stream): reads of one more
-    bypass with reason ``namespace_limit`` (default None: the arena's table,
-    768 namespaces, is the limit).
+    table cell, and each new database widens the change stream's $match):
+    reads of one more bypass with reason ``namespace_limit`` (default None:
+    the arena's table, 768 namespaces, is the limit). ``stream_scope``:
+    ``"deployment"`` (default) follows every database on one deployment-wide
+    change stream; ``"database"`` opens one stream per database, polled in
+    turn by the same thread (what the cache falls back to by itself when
+    the deployment refuses a deployment-wide stream).
     """
 
     budget_bytes: int = 64 * MiB
@@ -121,6 +137,7 @@ class CacheConfig:
     slot_count: int | None = None
     stream_uri: str | None = None
     max_namespaces: int | None = None
+    stream_scope: str = "deployment"
 
     def __post_init__(self) -> None:
         _int_arg("budget_bytes", self.budget_bytes, _MIN_BUDGET, _MAX_BUDGET)
@@ -131,6 +148,7 @@ class CacheConfig:
         if self.stream_uri is not None:
             check_connection_string("stream_uri", self.stream_uri)
         check_max_namespaces("max_namespaces", self.max_namespaces)
+        check_stream_scope("stream_scope", self.stream_scope)
 
     @staticmethod
     def default_max_entry_bytes(budget_bytes: object) -> int:

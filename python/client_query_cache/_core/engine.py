@@ -32,7 +32,7 @@ from bson.timestamp import Timestamp
 
 from .. import _native
 from .classify import KIND_FIND, ReadPlan, written_databases
-from .config import CacheConfig
+from .config import CacheConfig, check_stream_scope
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
 from .shared import OwnerLink, SharedCacheError, identity_proof, ring_bytes_for, ring_path
@@ -202,6 +202,7 @@ class Engine:
                 tls_ca_file=trust.ca_file,
                 tls_ca_dir=trust.ca_dir,
                 tls_crl_file=crl_file_in(stream_uri) if stream_uri else None,
+                stream_scope=check_stream_scope("stream_scope", config.stream_scope),
                 **self._reader,
             )
         else:
@@ -703,6 +704,8 @@ class Engine:
                 lag_p95_ms=p95 if lag else None,
                 lag_max_ms=top if lag else None,
                 behind_client_s=max(client_s - s["applied_time"][0], 0) if s["applied_time"][0] else None,
+                scope=s["scope"][0] if "scope" in s else None,
+                scope_reason=s["scope"][1] if "scope" in s else None,
             )
 
         streams = tuple(stream(s) for s in self.native.streams())

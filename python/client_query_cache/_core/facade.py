@@ -15,7 +15,13 @@ from bson.timestamp import Timestamp
 
 from . import causal
 from .._native import ViewBase
-from .config import CacheConfig, MiB, check_connection_string, check_owner_options, check_seconds
+from .config import (
+    CacheConfig,
+    MiB,
+    check_connection_string,
+    check_owner_options,
+    check_seconds,
+)
 from .engine import Engine
 from .errors import CacheConfigurationError
 from .read import CollectionCore
@@ -176,6 +182,7 @@ class ManagerBase:
         stream_uri: str | None = None,
         shared: str | SharedCacheConfig | None = None,
         max_namespaces: int | None = None,
+        stream_scope: str = "deployment",
     ) -> None:
         if not isinstance(client, self._client_type):
             raise CacheConfigurationError(
@@ -197,6 +204,7 @@ class ManagerBase:
             slot_count=slot_count,
             stream_uri=stream_uri,
             max_namespaces=max_namespaces,
+            stream_scope=stream_scope,
         )
         self._client = client
 

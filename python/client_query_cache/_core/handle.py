@@ -14,7 +14,14 @@ import sys
 import threading
 from typing import Any
 
-from .config import MiB, check_max_namespaces, check_owner_options, check_seconds, default_slot_count
+from .config import (
+    MiB,
+    check_max_namespaces,
+    check_owner_options,
+    check_seconds,
+    check_stream_scope,
+    default_slot_count,
+)
 from .errors import CacheConfigurationError
 from .shared import (
     OwnerLink,
@@ -59,6 +66,7 @@ class SharedCache:
         idle_exit_seconds: float | None = None,
         ready_timeout: float = 60.0,
         max_namespaces: int | None = None,
+        stream_scope: str = "deployment",
     ) -> SharedCache:
         """Start the owner of shared cache ``name`` for the deployment at
         ``uri``, and return once it accepts workers. With
@@ -77,6 +85,7 @@ class SharedCache:
             max_await_time_ms=max_await_time_ms,
         )
         check_max_namespaces("max_namespaces", max_namespaces)
+        check_stream_scope("stream_scope", stream_scope)
         if idle_exit_seconds is not None:
             idle_exit_seconds = check_seconds("idle_exit_seconds", idle_exit_seconds)
         ready_timeout = check_seconds("ready_timeout", ready_timeout)
@@ -100,6 +109,7 @@ class SharedCache:
             "identity": identity,
             "identity_salt": salt,
             "max_namespaces": max_namespaces,
+            "stream_scope": stream_scope,
             "arena_bytes": arena_bytes or 0,
             "budget_bytes": budget_bytes,
             "slots": slots if slots is not None else default_slot_count(budget_bytes),
@@ -146,7 +156,7 @@ class SharedCache:
                 "arena_bytes": arena_bytes, "budget_bytes": budget_bytes, "slots": slots,
                 "max_entry_bytes": max_entry_bytes, "max_await_time_ms": max_await_time_ms,
                 "idle_exit_seconds": idle_exit_seconds, "ready_timeout": ready_timeout,
-                "max_namespaces": max_namespaces,
+                "max_namespaces": max_namespaces, "stream_scope": stream_scope,
             },
         )  # fmt: skip
         return handle
@@ -239,10 +249,12 @@ class SharedCacheConfig:
     max_await_time_ms: int = 1000
     grace_seconds: float = 5.0
     max_namespaces: int | None = None
+    stream_scope: str = "deployment"
 
     def __post_init__(self) -> None:
         validate_name(self.name)
         check_max_namespaces("SharedCacheConfig.max_namespaces", self.max_namespaces)
+        check_stream_scope("SharedCacheConfig.stream_scope", self.stream_scope)
         if not isinstance(self.start_owner, bool):
             raise CacheConfigurationError("start_owner must be a bool")
         if isinstance(self.grace_seconds, bool) or not isinstance(self.grace_seconds, (int, float)) or self.grace_seconds < 0:
@@ -275,6 +287,7 @@ def attach_or_start(config: SharedCacheConfig, derived_uri: str) -> OwnerLink:
                 max_await_time_ms=config.max_await_time_ms,
                 idle_exit_seconds=float(config.grace_seconds),
                 max_namespaces=config.max_namespaces,
+                stream_scope=config.stream_scope,
             )
         except SharedCacheError:
             pass  # lost a race with an owner started by other means: attach to it

@@ -51,6 +51,16 @@ class StreamSnapshot:
     #: reflected in the cache yet; a quiet database's stays put on the test
     #: server until its next event.
     behind_client_s: int | None = None
+    #: The change stream carrying the database: ``"deployment"`` (one
+    #: deployment-wide stream carries every database of the cache) or
+    #: ``"database"`` (a stream of its own), and why that scope:
+    #: ``""`` for the default, else the reason (asked for with
+    #: ``stream_scope="database"``, or the deployment's refusal of a
+    #: deployment-wide stream, with the server's error). None in a
+    #: shared-cache worker (see the owner's snapshot) or before the database's
+    #: first read starts the follower.
+    scope: str | None = None
+    scope_reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
