@@ -484,6 +484,23 @@ def _two_workers(server_uri: str, proxy: FaultProxy) -> Iterator[tuple[SharedCac
         owner.stop(timeout=10)
 
 
+def _probe_admitted(owner: Any, coll: Any, n: int) -> None:
+    """Read the absent document 100 + n through ``coll`` (its collection is
+    probed, and the "not found" admitted; each worker its own document, so
+    that one's entry is no hit for the other) until the owner has accepted
+    ``n`` admissions in all. A read that bypassed (the worker's stream not
+    yet passing what it read, under load) admits nothing: it is read again,
+    but only after the owner had a second to drain an admission in flight."""
+    for _ in range(15):
+        assert coll.find_one({"_id": 100 + n}) is None
+        try:
+            wait_until(lambda: owner.snapshot()["admissions_accepted"] >= n, timeout=1, what="admitted")
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"probe {n} was never admitted: {owner.snapshot()!r}")
+
+
 def test_a_workers_own_miss_never_serves_another_workers_older_entry(
     server_uri, client, other_client, db_name, proxy, runtime_dir
 ):
@@ -496,9 +513,9 @@ def test_a_workers_own_miss_never_serves_another_workers_older_entry(
     _seed(client, db_name)
     with _two_workers(server_uri, proxy) as (owner, (w1, w2)):
         c1, c2 = (ready_collection(m, db_name, "items") for m in (w1, w2))
-        for coll in (c1, c2):
-            assert coll.find_one({"_id": 99}) is None  # the collection is probed
-        wait_until(lambda: owner.snapshot()["admissions_accepted"] == 2, what="both workers' entries are in the arena")
+        for n, coll in enumerate((c1, c2), start=1):
+            _probe_admitted(owner, coll, n)
+        accepted = owner.snapshot()["admissions_accepted"]
         held: list[tuple[Any, ...]] = []
         real_admit = w1._engine.admit
         w1._engine.admit = lambda *args, **kwargs: held.append((args, kwargs))
@@ -508,7 +525,10 @@ def test_a_workers_own_miss_never_serves_another_workers_older_entry(
 
         def admit_worker_1() -> None:
             real_admit(*args, **kwargs)
-            wait_until(lambda: owner.snapshot()["admissions_accepted"] == 3, what="worker 1's entry is in the arena")
+            wait_until(
+                lambda: owner.snapshot()["admissions_accepted"] == accepted + 1,
+                what="worker 1's entry is in the arena",
+            )
 
         with _held(proxy):
             other_client[db_name].items.update_one({"_id": 1}, {"$set": {"v": 2}})
