@@ -5,7 +5,9 @@
  *
  * Scope. By default the follower opens one deployment-wide stream
  * (mongoc_client_watch) with a $match on the databases registered so far
- * (an event's ns.db, or a rename's to.db, among them). A database
+ * (an event's ns.db among them; renames, whose target database a $match
+ * on ns.db would miss, all pass, and those between other databases are
+ * ignored). A database
  * registered later is carried once the stream is re-opened with the wider
  * $match from the last resume token, so no event of the databases already
  * carried is lost; until then the new database does not serve. Where the

@@ -319,3 +319,35 @@ def test_a_shared_owner_reports_the_fallback(auth_server: tuple[str, str], runti
         owner.stop()
         root.close()
         app.close()
+
+
+def test_a_collection_renamed_in_from_a_database_the_cache_does_not_serve_is_seen(
+    client: pymongo.MongoClient, server_uri: str, databases: list[str]
+) -> None:
+    """A rename's event names its source's database: one from a database
+    the cache does not serve onto a collection it caches must still drop
+    that collection's entries (the test server also reports the dropped
+    target; the deployment-wide stream lets every rename through), and one
+    between two databases it does not serve changes nothing."""
+    served_db, other = databases[0], databases[-1]
+    manager, _ = app_manager(client, server_uri)
+    try:
+        serve_all(manager, [served_db, databases[1]])
+        client[other].src.insert_one({"_id": 1, "v": 99})
+        client.admin.command(
+            "renameCollection", f"{other}.src", to=f"{served_db}.t", dropTarget=True
+        )
+        wait_until(reads_back(manager, served_db, 99), what="the renamed-in collection is read")
+        assert served(manager, lambda: manager[served_db].t.find_one({"_id": 1}))["v"] == 99
+        # A rename between two databases the cache does not serve changes nothing here.
+        events = {x.database: x.events for x in manager.snapshot().streams}
+        hits = manager.snapshot().hits
+        client[other].a.insert_one({"_id": 1})
+        client.admin.command("renameCollection", f"{other}.a", to=f"{databases[-2]}.b")
+        time.sleep(3 * TEST_MAX_AWAIT_MS / 1000)
+        assert manager[databases[1]].t.find_one({"_id": 1}) == {"_id": 1, "v": 0}
+        assert manager.snapshot().hits == hits + 1
+        assert {x.database: x.events for x in manager.snapshot().streams} == events
+        assert all_healthy(manager, [served_db, databases[1]])
+    finally:
+        manager.close()

@@ -24,7 +24,12 @@
  *   any other type: every entry of N, or of the event's database when the
  *       event names no namespace.
  * The event's database is the carried one its ns.db names, else the one its
- * to.db names, else the stream's only one; else every carried database.
+ * to.db names, else the stream's only one when it carries d alone (a
+ * database's own stream), or names no database; else every carried
+ * database when it names none, and when it names another database (a
+ * rename between databases the stream does not carry, which the
+ * deployment-wide $match lets through) it changes nothing, unless it is
+ * an invalidate.
  * The operation type is compared as stream.c does (a C string). Also:
  * apply_event asks for a reopen exactly on "invalidate", marks the stream
  * caught up exactly when clusterTime is at or after the open time, and
@@ -195,16 +200,21 @@ model_db (const char *db, uint32_t len)
    return !db ? -1 : len == 1 && db[0] == 'd' ? 0 : len == 1 && db[0] == 'o' ? 1 : -1;
 }
 
-/* The model database an event is about when the stream carries d (and o
- * when both), as stream.c decides; -1: every database it carries. */
+#define EVENT_ALL -1    /* about every database the stream carries */
+#define EVENT_OTHER -2  /* about databases it does not carry: ignored */
+
+/* The model database an event is about when the stream carries d alone
+ * (its own stream) or d and o (both: the deployment-wide one), as
+ * stream.c decides. */
 static int
-event_db (const bson_t *doc, bool both)
+event_db (const bson_t *doc, bool both, bool invalidate)
 {
-   const char *db, *coll;
+   const char *db, *coll, *ns_db;
    uint32_t db_len, coll_len;
    const char *const fields[] = {"ns", "to"};
    size_t k;
 
+   get_ns (doc, "ns", &ns_db, &db_len, &coll, &coll_len);
    for (k = 0; k < 2; k++) {
       int m;
       get_ns (doc, fields[k], &db, &db_len, &coll, &coll_len);
@@ -213,7 +223,10 @@ event_db (const bson_t *doc, bool both)
          return m;
       }
    }
-   return both ? -1 : 0;
+   if (!both) {
+      return 0;
+   }
+   return ns_db && !invalidate ? EVENT_OTHER : EVENT_ALL;
 }
 
 /* The model namespace named by field.db / field.coll, or -1. */
@@ -272,6 +285,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    memcpy (s.dbs[0].name, "d", 2);
    memcpy (s.dbs[1].name, "o", 2);
    s.n_dbs = both ? 2 : 1;
+   s.scope = both ? CQC_STREAM_SCOPE_DEPLOYMENT : CQC_STREAM_SCOPE_DATABASE;
    pthread_mutex_init (&s.mu, NULL);
    memset (&f, 0, sizeof f);
    f.lo = 0;
@@ -320,14 +334,17 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    }
    crud = !strcmp (op, "insert") || !strcmp (op, "update") || !strcmp (op, "replace") ||
           !strcmp (op, "delete");
-   ed = event_db (&doc, both);
-   all = ed < 0 || !strcmp (op, "invalidate");
+   ed = event_db (&doc, both, !strcmp (op, "invalidate"));
+   all = ed == EVENT_ALL || !strcmp (op, "invalidate");
    for (i = 0; i < w->n; i++) {
       const entry_t *e = &w->e[i];
       bool in_n = ns >= 0 && e->ns == (uint32_t) ns;
       int edb = DB_OF[e->ns][0] == 'd' ? 0 : 1;
       bool carried = edb == 0 || both;
       bool in_db = ed >= 0 ? edb == ed : carried;
+      if (ed == EVENT_OTHER) {
+         continue; /* nothing must go */
+      }
       if (crud) {
          must_go[i] = in_n && (!e->identity || e->event_id || !id_hashable);
       } else if (!strcmp (op, "drop")) {
@@ -351,8 +368,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       events_before[i] = w->a.dbs[s.dbs[i].db_idx].events;
    }
    reopen = apply_event (&s, &f, &doc);
-   FUZZ_CHECK (reopen == !strcmp (op, "invalidate"), "apply_event returned %d for \"%s\"",
-               (int) reopen, op);
+   FUZZ_CHECK (reopen == (!strcmp (op, "invalidate") && ed != EVENT_OTHER),
+               "apply_event returned %d for \"%s\"", (int) reopen, op);
    FUZZ_CHECK (f.caught_up == want_caught_up, "caught_up %d for clusterTime %u.%u",
                (int) f.caught_up, t, inc);
    for (i = 0; i < 2; i++) {
