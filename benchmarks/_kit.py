@@ -30,6 +30,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import bson
 import pymongo
@@ -627,6 +628,26 @@ def external() -> bool:
     from client_query_cache.testing import external_uri
 
     return external_uri() is not None
+
+
+def with_app_name(uri: str, app_name: str) -> str:
+    """``uri`` with its appName option set to ``app_name``."""
+    parts = urlsplit(uri)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "appname"]
+    query.append(("appName", app_name))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def connections_named(client: pymongo.MongoClient[Any], app_name: str) -> int:
+    """How many of the server's operations and connections (currentOp with
+    $all) announce the application name ``app_name``."""
+    ops = client.admin.command({"currentOp": 1, "$all": True})["inprog"]
+    return sum(
+        1
+        for op in ops
+        if op.get("appName") == app_name
+        or (op.get("clientMetadata") or {}).get("application", {}).get("name") == app_name
+    )
 
 
 def new_name(prefix: str) -> str:

@@ -13,7 +13,6 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pymongo
 
@@ -25,6 +24,9 @@ from client_query_cache import (
     CacheManager,
     StreamSnapshot,
 )
+
+# The stream's application name, as the benchmarks set and count it.
+from benchmarks._kit import connections_named, with_app_name  # noqa: F401 (for the tests)
 
 T = TypeVar("T")
 
@@ -301,26 +303,6 @@ async def async_outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
         return ("returned", await resolve(call()))
     except Exception as exc:  # noqa: BLE001 - comparing behaviours
         return ("raised", type(exc), getattr(exc, "code", None))
-
-
-def with_app_name(uri: str, app_name: str) -> str:
-    """``uri`` with its appName option set to ``app_name``."""
-    parts = urlsplit(uri)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "appname"]
-    query.append(("appName", app_name))
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-def connections_named(client: pymongo.MongoClient, app_name: str) -> int:
-    """How many of the server's operations and connections (currentOp with
-    $all) announce the application name ``app_name``."""
-    ops = client.admin.command({"currentOp": 1, "$all": True})["inprog"]
-    return sum(
-        1
-        for op in ops
-        if op.get("appName") == app_name
-        or (op.get("clientMetadata") or {}).get("application", {}).get("name") == app_name
-    )
 
 
 #: Reads that bypass because of their own arguments, shared by the sync and
