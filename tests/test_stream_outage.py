@@ -327,6 +327,47 @@ def test_lost_history_drops_the_databases_entries_before_caching_resumes(fp_clie
     _cache_twice(cache, coll, {"_id": 1, "v": 2})
 
 
+@needs_local_server
+def test_lost_history_drops_every_database_the_stream_carried(fp_client, make_manager):
+    # One deployment-wide stream carries both databases: when it cannot
+    # resume, a write to either may be in the gap, so both lose their
+    # entries, including the one nobody wrote to.
+    cache = make_manager(client=fp_client)
+    names = ("history_a", "history_b")
+    colls = []
+    for name in names:
+        fp_client[name].items.replace_one({"_id": 1}, {"_id": 1, "v": 1}, upsert=True)
+        colls.append(ready_collection(cache, name, "items"))
+        _cache_twice(cache, colls[-1], {"_id": 1, "v": 1})
+    before = {name: stream_of(cache, name).history_lost for name in names}
+
+    _arm(fp_client, "alwaysOn", failCommands=["getMore", "aggregate"], closeConnection=True)
+    try:
+        wait_until(
+            lambda: all(stream_of(cache, name).state != StreamState.HEALTHY for name in names),
+            what="the stream notices it is cut off",
+        )
+        fp_client.history_a.items.update_one({"_id": 1}, {"$set": {"v": 2}})
+        fp_client.history_a.filler.insert_many([{"i": i} for i in range(20)])
+        assert fp_client.admin.command("secantusAdmin.pruneOplog")["pruned"] > 0
+    finally:
+        _arm(fp_client, "off")
+
+    wait_until(
+        lambda: all(
+            stream_of(cache, name).history_lost == before[name] + 1 and cache.wait_ready(0, database=name)
+            for name in names
+        ),
+        timeout=30,
+        what="both databases report lost history and serve again",
+    )
+    for coll, want in zip(colls, ({"_id": 1, "v": 2}, {"_id": 1, "v": 1})):
+        hits = cache.snapshot().hits
+        assert coll.find_one({"_id": 1}) == want
+        assert cache.snapshot().hits == hits  # a miss: the old entry is gone
+        _cache_twice(cache, coll, want)
+
+
 # -- a stream the server refuses to start ------------------------------------
 
 
