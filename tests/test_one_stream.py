@@ -12,6 +12,7 @@ hits, and documents read back after writes made by another client.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -121,8 +122,26 @@ def test_a_manager_follows_every_database_on_one_thread_and_one_connection(
     wait_until(lambda: connections_named(client, app) == 0, what="the stream's connection is closed")
 
 
+@contextlib.contextmanager
+def a_cache(mode: str, client: pymongo.MongoClient, server_uri: str) -> Iterator[CacheManager]:
+    """A process-local manager (``local``), or a worker of an owner started
+    for the block (``shared``; needs the runtime_dir fixture)."""
+    if mode == "local":
+        manager, _ = app_manager(client, server_uri)
+        with manager:
+            yield manager
+        return
+    owner = SharedCache.start(f"one-stream-{uuid.uuid4().hex[:8]}", server_uri, max_await_time_ms=TEST_MAX_AWAIT_MS)
+    try:
+        with CacheManager(client, shared=owner.name) as manager:
+            yield manager
+    finally:
+        owner.stop()
+
+
+@pytest.mark.parametrize("mode", ["local", "shared"])
 def test_a_database_added_while_the_stream_runs_loses_no_event_of_the_others(
-    client: pymongo.MongoClient, server_uri: str, databases: list[str]
+    client: pymongo.MongoClient, server_uri: str, databases: list[str], mode: str, runtime_dir: Any
 ) -> None:
     """Every document of the first database is cached, then another client
     updates each of them once, without pause, while the other databases are
@@ -132,7 +151,6 @@ def test_a_database_added_while_the_stream_runs_loses_no_event_of_the_others(
     docs = 300
     first, rest = databases[0], databases[1:]
     client[first].t.insert_many([{"_id": i, "v": 0} for i in range(2, docs)])
-    manager, _ = app_manager(client, server_uri)
     done = threading.Event()
 
     def write() -> None:
@@ -144,7 +162,7 @@ def test_a_database_added_while_the_stream_runs_loses_no_event_of_the_others(
             writer.close()
             done.set()
 
-    try:
+    with a_cache(mode, client, server_uri) as manager:
         serve_all(manager, [first])
         view = manager[first].t
         for i in range(1, docs):
@@ -169,8 +187,6 @@ def test_a_database_added_while_the_stream_runs_loses_no_event_of_the_others(
                 timeout=5 if i == 1 else 1,
                 what=f"document {i}'s write is read back",
             )
-    finally:
-        manager.close()
 
 
 def test_dropping_one_database_leaves_the_others_served(
