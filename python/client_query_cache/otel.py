@@ -43,7 +43,9 @@ name                           kind            attributes                  snaps
 ``cqc.bypasses`` and ``cqc.rejected_admissions`` report every
 :class:`BypassReason` / :class:`RejectReason` (0 until it happens);
 ``cqc.stream.state`` reports 1 for a database's current state and 0 for the
-other states. ``cqc.stream.lag`` reports the invalidation lag of the
+other states. ``cqc.stream.getmores`` is the follower's count, the same in
+every database's series (one stream carries them all): take one, do not
+sum them. ``cqc.stream.lag`` reports the invalidation lag of the
 latest events (``quantile`` ``p50``, ``p95``, ``max``, in ms); it and the
 stream cost counters report nothing for a shared-cache worker, whose
 streams are its owner's. A counter never reports less than it reported before (a
