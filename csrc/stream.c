@@ -904,26 +904,23 @@ share_ms (const cqc_stream_t *s, uint32_t n)
 static bson_t *
 make_pipeline (const cqc_stream_t *s, const follow_t *ch, bool deployment)
 {
+   /* Arrays are made as documents keyed "0", "1", ... and appended whole
+    * (bson_append_array): libbson 2.x deprecates bson_append_array_begin. */
    bson_t *p = bson_new ();
-   bson_t stages, stage, body, alts, alt, cond, names;
+   bson_t stages = BSON_INITIALIZER, alts = BSON_INITIALIZER, names = BSON_INITIALIZER;
+   bson_t stage, body, alt, cond;
    char key[16];
    const char *kp;
    uint32_t k, n = 0;
 
-   bson_append_array_begin (p, "pipeline", -1, &stages);
    if (deployment) {
-      bson_uint32_to_string (n++, &kp, key, sizeof key);
-      bson_append_document_begin (&stages, kp, -1, &stage);
-      bson_append_document_begin (&stage, "$match", -1, &body);
-      bson_append_array_begin (&body, "$or", -1, &alts);
-      bson_append_document_begin (&alts, "0", 1, &alt);
-      bson_append_document_begin (&alt, "ns.db", -1, &cond);
-      bson_append_array_begin (&cond, "$in", -1, &names);
       for (k = ch->lo; k < ch->hi; k++) {
          bson_uint32_to_string (k - ch->lo, &kp, key, sizeof key);
          bson_append_utf8 (&names, kp, -1, s->dbs[k].name, (int) s->dbs[k].name_len);
       }
-      bson_append_array_end (&cond, &names);
+      bson_append_document_begin (&alts, "0", 1, &alt);
+      bson_append_document_begin (&alt, "ns.db", -1, &cond);
+      bson_append_array (&cond, "$in", -1, &names);
       bson_append_document_end (&alt, &cond);
       bson_append_document_end (&alts, &alt);
       bson_append_document_begin (&alts, "1", 1, &alt);
@@ -934,7 +931,10 @@ make_pipeline (const cqc_stream_t *s, const follow_t *ch, bool deployment)
       BSON_APPEND_BOOL (&cond, "$exists", false);
       bson_append_document_end (&alt, &cond);
       bson_append_document_end (&alts, &alt);
-      bson_append_array_end (&body, &alts);
+      bson_uint32_to_string (n++, &kp, key, sizeof key);
+      bson_append_document_begin (&stages, kp, -1, &stage);
+      bson_append_document_begin (&stage, "$match", -1, &body);
+      bson_append_array (&body, "$or", -1, &alts);
       bson_append_document_end (&stage, &body);
       bson_append_document_end (&stages, &stage);
    }
@@ -949,7 +949,10 @@ make_pipeline (const cqc_stream_t *s, const follow_t *ch, bool deployment)
    BSON_APPEND_INT32 (&body, "to", 1);
    bson_append_document_end (&stage, &body);
    bson_append_document_end (&stages, &stage);
-   bson_append_array_end (p, &stages);
+   bson_append_array (p, "pipeline", -1, &stages);
+   bson_destroy (&names);
+   bson_destroy (&alts);
+   bson_destroy (&stages);
    return p;
 }
 
