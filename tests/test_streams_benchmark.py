@@ -77,7 +77,8 @@ def test_a_tiny_run_measures_one_follower_per_cache_in_both_modes(report: dict) 
     for n in ("1", "4"):
         control = report["results"]["local"][n]["server_delivery"]
         assert control["n"] == control["samples"] == 10 and control["lost"] == 0, n
-        assert 0 < control["p50"] <= control["p95"] < streams.POLL_TIMEOUT_S * 1000, n
+        # 0: the event reached the stream before the insert returned.
+        assert 0 <= control["p50"] <= control["p95"] < streams.POLL_TIMEOUT_S * 1000, n
         assert "server_delivery" not in report["results"]["shared"][n]
     assert report["server_p95_over_one_database"] > 0
 
