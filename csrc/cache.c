@@ -82,19 +82,19 @@ cqc_cache_init_library (void)
    mongoc_log_set_handler (quiet_log, NULL);
 }
 
-/* Local and owner: format a new arena, in private memory (no arena_path)
- * or in a new shared file. */
+/* Local and owner: format a new arena, in private memory (local), or in a
+ * new shared file (arena_path) or the owner's empty memfd (arena_fd). */
 static bool
-format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, const char *arena_path,
-              cqc_error_t *err)
+format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, bool shared, cqc_error_t *err)
 {
+   const char *arena_path = cfg->arena_path;
    cqc_geometry_t geo = {.budget_bytes = cfg->budget_bytes, .slot_count = cfg->slot_count};
    /* Written by the format, before the magic: a worker attaching at once
     * sees them (arena.h). */
    cqc_arena_owner_t who = {
       .uid = (uint32_t) getuid (),
       .pid = (uint32_t) getpid (),
-      .heartbeat_timeout_ns = arena_path ? cfg->heartbeat_timeout_ms * 1000000ull : 0,
+      .heartbeat_timeout_ns = shared ? cfg->heartbeat_timeout_ms * 1000000ull : 0,
    };
    uint64_t need = cqc_arena_required_bytes (&geo);
    char msg[256];
@@ -110,7 +110,11 @@ format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, const char *arena_p
       }
       need = cfg->arena_bytes;
    }
-   if (arena_path) {
+   if (shared && cfg->arena_fd >= 0) {
+      if (!(mem = cqc_shm_create_fd (cfg->arena_fd, "the arena's memfd", need, err))) {
+         return false;
+      }
+   } else if (shared) {
       if (!(mem = cqc_shm_create (arena_path, need, err))) {
          return false;
       }
@@ -125,7 +129,7 @@ format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, const char *arena_p
    if (!cqc_arena_format (&c->arena, mem, need, &geo, &who, msg, sizeof msg)) {
       munmap (mem, need);
       memset (&c->arena, 0, sizeof c->arena);
-      if (arena_path) {
+      if (shared && cfg->arena_fd < 0) {
          unlink (arena_path);
       }
       cqc_error_set (err, CQC_ERR_VALUE, "%s", msg);
@@ -137,20 +141,22 @@ format_arena (cqc_cache_t *c, const cqc_cache_config_t *cfg, const char *arena_p
     * process-local cache the access map its own hits mark (an owner reads
     * its workers' maps instead, owner.c). */
    if (!cqc_arena_w_policy_init (&c->arena) ||
-       (!arena_path && !(c->arena.access = calloc (cqc_access_cells (&geo), sizeof (uint32_t))))) {
+       (!shared && !(c->arena.access = calloc (cqc_access_cells (&geo), sizeof (uint32_t))))) {
       cqc_error_set (err, CQC_ERR_MEMORY, "out of memory");
       return false;
    }
-   c->arena.access_mask = arena_path ? 0 : cqc_access_cells (&geo) - 1u;
+   c->arena.access_mask = shared ? 0 : cqc_access_cells (&geo) - 1u;
    return true;
 }
 
-/* Worker: map the owner's arena read-only, validate it, and create this
- * worker's ring segment. */
+/* Worker: map the owner's arena read-only (its file, or the memfd the owner
+ * handed over), validate it, and create this worker's ring segment (a new
+ * file, or this worker's empty memfd). */
 static bool
 attach_worker (cqc_cache_t *c, const cqc_cache_config_t *cfg, cqc_error_t *err)
 {
-   const char *path = cfg->arena_path;
+   const char *path = cfg->arena_fd >= 0 ? "the arena handed over by its owner" : cfg->arena_path;
+   const char *seg_what = cfg->segment_fd >= 0 ? "this worker's ring memfd" : cfg->segment_path;
    uint64_t size = 0, seg_len;
    void *mem = NULL, *seg = NULL;
    char msg[256];
@@ -160,8 +166,11 @@ attach_worker (cqc_cache_t *c, const cqc_cache_config_t *cfg, cqc_error_t *err)
       cqc_error_set (err, CQC_ERR_VALUE, "ring_bytes out of range");
       goto cleanup;
    }
-   if (!(mem = cqc_shm_map_private (path, false, sizeof (cqc_arena_header_t), UINT64_MAX, &size,
-                                    err))) {
+   if (cfg->arena_fd >= 0
+          ? !(mem = cqc_shm_map_fd (cfg->arena_fd, path, false, sizeof (cqc_arena_header_t),
+                                    UINT64_MAX, &size, err))
+          : !(mem = cqc_shm_map_private (path, false, sizeof (cqc_arena_header_t), UINT64_MAX,
+                                         &size, err))) {
       goto cleanup;
    }
    if (!cqc_arena_r_attach (&c->arena, mem, size, msg, sizeof msg)) {
@@ -181,13 +190,16 @@ attach_worker (cqc_cache_t *c, const cqc_cache_config_t *cfg, cqc_error_t *err)
    /* The segment: the ring, then this worker's access map (ring.h), which
     * its hits mark and the owner reads when it evicts. */
    seg_len = cqc_ring_segment_bytes (cfg->ring_bytes, cqc_access_cells (&c->arena.geo));
-   if (!(seg = cqc_shm_create (cfg->segment_path, seg_len, err))) {
+   if (cfg->segment_fd >= 0 ? !(seg = cqc_shm_create_fd (cfg->segment_fd, seg_what, seg_len, err))
+                            : !(seg = cqc_shm_create (cfg->segment_path, seg_len, err))) {
       goto cleanup;
    }
    if (!cqc_ring_format (&c->ring, seg, cfg->ring_bytes, (uint32_t) getpid ())) {
-      cqc_error_set (err, CQC_ERR_VALUE, "cannot format the ring %s", cfg->segment_path);
+      cqc_error_set (err, CQC_ERR_VALUE, "cannot format the ring %s", seg_what);
       munmap (seg, seg_len);
-      unlink (cfg->segment_path);
+      if (cfg->segment_fd < 0) {
+         unlink (cfg->segment_path);
+      }
       goto cleanup;
    }
    c->mem = mem;
@@ -219,13 +231,16 @@ cqc_cache_open (cqc_cache_t *c, cqc_mode_t mode, const cqc_cache_config_t *cfg,
    pthread_mutex_init (&c->threads_mu, NULL);
    c->writer.arena = &c->arena;
    c->writer.lock = &c->lock;
-   if (mode != CQC_MODE_LOCAL && !cfg->arena_path) {
-      cqc_error_set (err, CQC_ERR_VALUE, "a shared arena needs arena_path");
+   if (mode != CQC_MODE_LOCAL && !cfg->arena_path && cfg->arena_fd < 0) {
+      cqc_error_set (err, CQC_ERR_VALUE, "a shared arena needs arena_path or arena_fd");
       return false;
    }
-   if (mode == CQC_MODE_WORKER
-          ? !attach_worker (c, cfg, err)
-          : !format_arena (c, cfg, mode == CQC_MODE_OWNER ? cfg->arena_path : NULL, err)) {
+   if (mode == CQC_MODE_WORKER && !cfg->segment_path && cfg->segment_fd < 0) {
+      cqc_error_set (err, CQC_ERR_VALUE, "a worker needs segment_path or segment_fd");
+      return false;
+   }
+   if (mode == CQC_MODE_WORKER ? !attach_worker (c, cfg, err)
+                               : !format_arena (c, cfg, mode == CQC_MODE_OWNER, err)) {
       return false;
    }
    dbs = c->arena.geo.db_count;
@@ -627,7 +642,7 @@ cqc_cache_db_report (cqc_cache_t *c, uint32_t db_idx, cqc_db_report_t *out)
 }
 
 uint32_t
-cqc_cache_attach_ring (cqc_cache_t *c, const char *path, cqc_error_t *err)
+cqc_cache_attach_ring (cqc_cache_t *c, const char *path, int fd, cqc_error_t *err)
 {
    char msg[256];
    uint32_t id = 0;
@@ -635,7 +650,7 @@ cqc_cache_attach_ring (cqc_cache_t *c, const char *path, cqc_error_t *err)
    pthread_mutex_lock (&c->threads_mu);
    if (!c->owner) {
       cqc_error_set (err, CQC_ERR_RUNTIME, "only a running owner drains rings");
-   } else if (!(id = cqc_owner_attach (c->owner, path, msg, sizeof msg))) {
+   } else if (!(id = cqc_owner_attach (c->owner, path, fd, msg, sizeof msg))) {
       cqc_error_set (err, CQC_ERR_VALUE, "%s", msg);
    }
    pthread_mutex_unlock (&c->threads_mu);

@@ -49,8 +49,11 @@ typedef struct {
    long long max_await_ms;                  /* local, owner */
    int stream_scope;                        /* local, owner: cqc_stream_scope_t */
    const char *arena_path;                  /* owner (created), worker (attached) */
+   int arena_fd;                            /* or the arena's memfd (-1: none): the
+                                             * owner's, empty; a worker's, handed over */
    unsigned long long heartbeat_timeout_ms; /* owner */
    const char *segment_path;                /* worker: its ring, created */
+   int segment_fd;                          /* or its empty memfd (-1: none) */
    unsigned long long ring_bytes;           /* worker */
 } cqc_cache_config_t;
 
@@ -175,9 +178,10 @@ typedef struct {
 /* The report of registered database db_idx; false past the last one. */
 bool cqc_cache_db_report (cqc_cache_t *c, uint32_t db_idx, cqc_db_report_t *out);
 
-/* Owner: start draining a worker's ring (its id, or 0 with err set), or
- * drain what is left of it, unmap and unlink it. */
-uint32_t cqc_cache_attach_ring (cqc_cache_t *c, const char *path, cqc_error_t *err);
+/* Owner: start draining a worker's ring, its file at path or (path NULL)
+ * the memfd fd it handed over (its id, or 0 with err set), or drain what is
+ * left of it, unmap it and unlink its file. */
+uint32_t cqc_cache_attach_ring (cqc_cache_t *c, const char *path, int fd, cqc_error_t *err);
 void cqc_cache_detach_ring (cqc_cache_t *c, uint32_t id);
 
 /* A follower state's name, as streams() reports it. */

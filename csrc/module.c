@@ -22,8 +22,10 @@
 #include "build.h"
 #include "cache.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #define FAST_STR_MAX 256
 
@@ -247,16 +249,16 @@ Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
                             "max_await_time_ms",    "arena_path",   "closed_error",
                             "forked_error", "heartbeat_timeout_ms", "arena_bytes",
                             "tls_ca_file",  "tls_ca_dir",   "tls_crl_file", "stream_scope",
-                            NULL};
-   cqc_cache_config_t cfg = {.heartbeat_timeout_ms = 1000};
+                            "arena_fd",     NULL};
+   cqc_cache_config_t cfg = {.heartbeat_timeout_ms = 1000, .arena_fd = -1, .segment_fd = -1};
    PyObject *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLsOO|KKzzzi", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLzOO|KKzzzii", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms,
                                      &cfg.arena_path, &closed_error, &forked_error,
                                      &cfg.heartbeat_timeout_ms, &cfg.arena_bytes,
                                      &cfg.tls_ca_file, &cfg.tls_ca_dir, &cfg.tls_crl_file,
-                                     &cfg.stream_scope)) {
+                                     &cfg.stream_scope, &cfg.arena_fd)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error);
@@ -267,13 +269,15 @@ static PyObject *
 Cache_worker (PyObject *cls, PyObject *args, PyObject *kwds)
 {
    static char *kwlist[] = {"arena_path",    "segment_path", "ring_bytes",   "decode",
-                            "objectid_type", "closed_error", "forked_error", NULL};
-   cqc_cache_config_t cfg = {0};
+                            "objectid_type", "closed_error", "forked_error", "arena_fd",
+                            "segment_fd",    NULL};
+   cqc_cache_config_t cfg = {.arena_fd = -1, .segment_fd = -1};
    PyObject *decode, *oid, *closed_error, *forked_error;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "ssKOOOO", kwlist, &cfg.arena_path,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "zzKOOOO|ii", kwlist, &cfg.arena_path,
                                      &cfg.segment_path, &cfg.ring_bytes, &decode, &oid,
-                                     &closed_error, &forked_error)) {
+                                     &closed_error, &forked_error, &cfg.arena_fd,
+                                     &cfg.segment_fd)) {
       return NULL;
    }
    return cache_make (cls, CQC_MODE_WORKER, &cfg, decode, oid, closed_error, forked_error);
@@ -864,16 +868,30 @@ Cache_streams (CacheObject *self, PyObject *Py_UNUSED (ignored))
    return list;
 }
 
-/* attach_ring(path) -> id (owner): start draining a worker's ring. */
+/* attach_ring(path or fd) -> id (owner): start draining a worker's ring,
+ * its file or the memfd it handed over (which stays open). */
 static PyObject *
 Cache_attach_ring (CacheObject *self, PyObject *arg)
 {
-   const char *path = PyUnicode_AsUTF8AndSize (arg, NULL);
+   const char *path = NULL;
+   int fd = -1;
    cqc_error_t err;
    uint32_t id = 0;
 
-   if (path && check_usable (self, USE) &&
-       !(id = cqc_cache_attach_ring (&self->c, path, &err))) {
+   if (PyLong_Check (arg)) {
+      long v = PyLong_AsLong (arg);
+      if (v == -1 && PyErr_Occurred ()) {
+         return NULL;
+      }
+      if (v < 0 || v > INT_MAX) {
+         PyErr_SetString (PyExc_ValueError, "attach_ring: not a file descriptor");
+         return NULL;
+      }
+      fd = (int) v;
+   } else if (!(path = PyUnicode_AsUTF8AndSize (arg, NULL))) {
+      return NULL;
+   }
+   if (check_usable (self, USE) && !(id = cqc_cache_attach_ring (&self->c, path, fd, &err))) {
       set_error (&err);
    }
    return id ? PyLong_FromUnsignedLong (id) : NULL;
@@ -1308,9 +1326,25 @@ mod_after_blocks (PyObject *Py_UNUSED (m), PyObject *arg)
    Py_RETURN_NONE;
 }
 
+/* undumpable(): this process's /proc/<pid>/fd, /proc/<pid>/mem and maps
+ * become root's, and processes of the same user can no longer ptrace it
+ * (prctl PR_SET_DUMPABLE 0; no core dump either). The owner of a cache that
+ * requires a capability calls it: its arena's memfd is then open to none of
+ * them. */
+static PyObject *
+mod_undumpable (PyObject *Py_UNUSED (m), PyObject *Py_UNUSED (ignored))
+{
+   if (prctl (PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+      return PyErr_SetFromErrno (PyExc_OSError);
+   }
+   Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
    {"after_blocks", mod_after_blocks, METH_O,
     "after_blocks(var): the context variable of after() tokens, once a block was entered."},
+   {"undumpable", mod_undumpable, METH_NOARGS,
+    "undumpable(): make this process undumpable (prctl PR_SET_DUMPABLE 0)."},
    {NULL, NULL, 0, NULL},
 };
 

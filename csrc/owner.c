@@ -191,14 +191,17 @@ cqc_owner_start (cqc_writer_t *w, char *err, size_t errlen)
 }
 
 uint32_t
-cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
+cqc_owner_attach (cqc_owner_t *o, const char *path, int fd, char *err, size_t errlen)
 {
    cqc_error_t e;
    uint64_t size = 0;
    char *copy = NULL;
    const uint32_t *access = NULL;
    uint32_t i, id = 0, cells;
-   void *mem = cqc_shm_map_private (path, true, CQC_RING_DATA_OFF + 4096u, 1u << 30, &size, &e);
+   void *mem = path ? cqc_shm_map_private (path, true, CQC_RING_DATA_OFF + 4096u, 1u << 30, &size,
+                                           &e)
+                    : cqc_shm_map_fd (fd, "the worker's memfd", true, CQC_RING_DATA_OFF + 4096u,
+                                      1u << 30, &size, &e);
 
    if (!mem) {
       snprintf (err, errlen, "the worker's ring: %s", e.msg);
@@ -208,8 +211,8 @@ cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen)
       snprintf (err, errlen, "the worker's ring is not formatted");
       goto cleanup;
    }
-   copy = strdup (path);
-   if (!copy) {
+   copy = path ? strdup (path) : NULL;
+   if (path && !copy) {
       snprintf (err, errlen, "out of memory");
       goto cleanup;
    }
@@ -251,8 +254,10 @@ release_ring_locked (cqc_owner_t *o, ring_slot_t *r)
    o->stats.damaged += __atomic_load_n (&h->damaged, __ATOMIC_RELAXED);
    o->stats.malformed += __atomic_load_n (&h->malformed, __ATOMIC_RELAXED);
    munmap (r->mem, (size_t) r->size);
-   unlink (r->path);
-   free (r->path);
+   if (r->path) {
+      unlink (r->path);
+      free (r->path);
+   }
    memset (r, 0, sizeof *r);
    o->stats.rings--;
 }

@@ -44,8 +44,9 @@ typedef struct {
 
 cqc_owner_t *cqc_owner_start (cqc_writer_t *w, char *err, size_t errlen);
 
-/* Map a worker's ring segment; returns its id (> 0) or 0 with err set. */
-uint32_t cqc_owner_attach (cqc_owner_t *o, const char *path, char *err, size_t errlen);
+/* Map a worker's ring segment, its file at path or (path NULL) the memfd
+ * fd, which stays open (shm.h); returns its id (> 0) or 0 with err set. */
+uint32_t cqc_owner_attach (cqc_owner_t *o, const char *path, int fd, char *err, size_t errlen);
 
 /* Drain what is left, unmap and unlink the ring. */
 void cqc_owner_detach (cqc_owner_t *o, uint32_t id);

@@ -3,7 +3,9 @@
  * worker's admission ring.
  *
  * Both are regular files in the runtime directory (on a tmpfs, normally
- * /dev/shm), created by the process that writes them, private to its user
+ * /dev/shm), or memfds passed over the owner's control socket when the
+ * cache requires a capability (docs/deployment.md), created by the process
+ * that writes them, private to its user
  * (mode 0600, opened with O_NOFOLLOW), and mapped whole. A file is created
  * with every block reserved: on a tmpfs, a sparse file whose pages cannot be
  * allocated later kills the process that first writes them with SIGBUS. A
@@ -33,5 +35,16 @@ void *cqc_shm_create (const char *path, uint64_t size, cqc_error_t *err);
  * and sets *size, or NULL with err set. */
 void *cqc_shm_map_private (const char *path, bool writable, uint64_t min_size,
                            uint64_t max_size, uint64_t *size, cqc_error_t *err);
+
+/* The same for a file already open as fd (a memfd a process created, or
+ * was handed over a unix socket), which stays open; `what` names it in
+ * errors. cqc_shm_create_fd reserves `size` bytes of the empty file and
+ * maps it read-write. cqc_shm_map_fd maps it whole if it is a regular file
+ * sealed against shrinking (F_SEAL_SHRINK) whose size is within bounds: its
+ * owner and mode are not checked, as whoever handed the descriptor over
+ * chose to share it. */
+void *cqc_shm_create_fd (int fd, const char *what, uint64_t size, cqc_error_t *err);
+void *cqc_shm_map_fd (int fd, const char *what, bool writable, uint64_t min_size,
+                      uint64_t max_size, uint64_t *size, cqc_error_t *err);
 
 #endif

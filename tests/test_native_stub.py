@@ -7,6 +7,8 @@ source tree, or a wheel)."""
 from __future__ import annotations
 
 import ast
+import fcntl
+import os
 from pathlib import Path
 
 import bson
@@ -88,6 +90,8 @@ def _values(tmp_path: Path) -> dict[str, object]:
         "tls_ca_dir": None,
         "tls_crl_file": None,
         "stream_scope": 0,
+        "arena_fd": -1,
+        "segment_fd": -1,
     }
 
 
@@ -146,3 +150,39 @@ def test_an_owner_serves_no_reads(tmp_path: Path) -> None:
                 call()
     finally:
         owner.close()
+
+
+def test_an_owner_and_a_worker_share_an_arena_through_memfds_and_refuse_unsealed_ones() -> None:
+
+    values = _values(Path("/nonexistent"))
+    arena = os.memfd_create("t.arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    ring = os.memfd_create("w.ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    owner = worker = None
+    try:
+        owner = _native.Cache.owner(**{n: values[n] for n in _required("owner") if n != "arena_path"},
+                                    arena_path=None, arena_fd=arena)  # fmt: skip
+        worker_args = {n: values[n] for n in _required("worker") if n not in ("arena_path", "segment_path")}
+        # Not sealed yet: a descriptor handed over must be sealed against
+        # shrinking, or its holder could kill the mapper with SIGBUS.
+        with pytest.raises(PermissionError, match="sealed"):
+            _native.Cache.worker(**worker_args, arena_path=None, segment_path=None, arena_fd=arena, segment_fd=ring)
+        fcntl.fcntl(arena, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        worker = _native.Cache.worker(**worker_args, arena_path=None, segment_path=None, arena_fd=arena, segment_fd=ring)
+        assert worker.geometry()["arena_bytes"] == owner.geometry()["arena_bytes"]
+        with pytest.raises(ValueError, match="sealed"):
+            owner.attach_ring(ring)
+        fcntl.fcntl(ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        ring_id = owner.attach_ring(ring)
+        assert ring_id > 0
+        owner.detach_ring(ring_id)
+        for bad in (-1, 1 << 40):
+            with pytest.raises((ValueError, OverflowError)):
+                owner.attach_ring(bad)
+        with pytest.raises(ValueError, match="arena_path or arena_fd"):
+            _native.Cache.owner(**{n: values[n] for n in _required("owner") if n != "arena_path"}, arena_path=None)
+    finally:
+        for cache in (worker, owner):
+            if cache is not None:
+                cache.close()
+        os.close(arena)
+        os.close(ring)

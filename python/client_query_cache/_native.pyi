@@ -106,7 +106,7 @@ class Cache:
         slot_count: int,
         uri: str | None,
         max_await_time_ms: int,
-        arena_path: str,
+        arena_path: str | None,
         closed_error: type[BaseException],
         forked_error: type[BaseException],
         heartbeat_timeout_ms: int = ...,
@@ -115,8 +115,10 @@ class Cache:
         tls_ca_dir: str | None = None,
         tls_crl_file: str | None = None,
         stream_scope: int = 0,
+        arena_fd: int = -1,
     ) -> Cache:
         """A shared cache's owner: creates the arena file at ``arena_path``,
+        or in the empty memfd ``arena_fd`` (which stays the caller's),
         follows the change streams and drains the workers' rings. It serves
         no reads: ``lookup``, ``capture`` and ``admit`` raise
         RuntimeError. ``tls_ca_file``, ``tls_ca_dir``, ``tls_crl_file`` and
@@ -125,16 +127,21 @@ class Cache:
     @classmethod
     def worker(
         cls,
-        arena_path: str,
-        segment_path: str,
+        arena_path: str | None,
+        segment_path: str | None,
         ring_bytes: int,
         decode: Callable[[bytes, Any], Any],
         objectid_type: type,
         closed_error: type[BaseException],
         forked_error: type[BaseException],
+        arena_fd: int = -1,
+        segment_fd: int = -1,
     ) -> Cache:
-        """A shared cache's worker: maps the owner's arena read-only and
-        creates its ring at ``segment_path``; admissions go to the ring."""
+        """A shared cache's worker: maps the owner's arena read-only (the
+        file at ``arena_path``, or the memfd ``arena_fd`` the owner handed
+        over, which must be sealed against shrinking) and creates its ring
+        at ``segment_path`` or in the empty memfd ``segment_fd``;
+        admissions go to the ring. The descriptors stay the caller's."""
 
     @property
     def closed(self) -> bool:
@@ -263,8 +270,10 @@ class Cache:
     def check(self) -> None:
         """Raise if closed or used after fork."""
 
-    def attach_ring(self, path: str, /) -> int:
-        """Owner: drain a worker's ring; returns its id."""
+    def attach_ring(self, ring: str | int, /) -> int:
+        """Owner: drain a worker's ring, its file or the memfd it handed
+        over (sealed against shrinking; it stays the caller's); returns its
+        id."""
 
     def detach_ring(self, id: int, /) -> None:
         """Owner: release a worker's ring."""
@@ -303,6 +312,11 @@ class ViewBase:
         path's hit (``CoreBase.fast_find_one``); else
         ``self._find_one_rest(step, filter, *args, **kwargs)``, where
         ``step`` is the fast path's first Step or None."""
+
+def undumpable() -> None:
+    """Make this process undumpable (prctl ``PR_SET_DUMPABLE`` 0): its
+    ``/proc/<pid>/fd`` and memory become root's, and processes of the same
+    user can no longer ptrace it."""
 
 def after_blocks(var: Any, /) -> None:
     """The context variable of ``after()`` tokens, once a block was entered
