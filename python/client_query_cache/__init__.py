@@ -24,6 +24,7 @@ _EXPORTS = {
     "RejectReason": "._core.reasons",
     "StreamState": "._core.reasons",
     "SharedCacheError": "._core.shared",
+    "SharedCacheConnection": "._core.shared",
     "CacheSnapshot": "._core.snapshot",
     "StreamSnapshot": "._core.snapshot",
     "AsyncCacheManager": ".asynchronous",
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ._core.handle import SharedCache, SharedCacheConfig
     from ._core.errors import CacheClosedError, CacheConfigurationError, CacheError, CacheForkedError
     from ._core.reasons import BypassReason, RejectReason, StreamState
-    from ._core.shared import SharedCacheError
+    from ._core.shared import SharedCacheConnection, SharedCacheError
     from ._core.snapshot import CacheSnapshot, StreamSnapshot
     from .asynchronous import AsyncCacheManager, AsyncCachedCollection, AsyncCachedCursor, AsyncCachedDatabase
     from .synchronous import CachedCollection, CachedCursor, CachedDatabase, CacheManager
@@ -71,6 +72,7 @@ __all__ = [
     "CacheForkedError",
     "SharedCache",
     "SharedCacheConfig",
+    "SharedCacheConnection",
     "SharedCacheError",
     "CausalListener",
     "__version__",

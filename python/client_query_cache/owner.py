@@ -32,6 +32,7 @@ from ._core.errors import CacheClosedError, CacheForkedError
 from ._core.shared import (
     LineReader,
     SharedCacheError,
+    capability_matches,
     decode_message,
     encode_message,
     identity_mismatch,
@@ -78,6 +79,14 @@ class _Owner:
             raise ValueError("the configuration lacks the identity's salt")
         self.identity = identity
         self.identity_salt = salt
+        #: The capability of SharedCache.connection; with require_capability
+        #: every worker must present it, and the arena is a memfd handed
+        #: over the control socket (no file of it in the runtime directory).
+        capability, required = config.get("capability"), config.get("require_capability", False)
+        if not isinstance(capability, str) or len(capability) != 64 or not isinstance(required, bool):
+            raise ValueError("the configuration's capability is not valid")
+        self.capability = capability
+        self.require_capability = required
         #: The namespaces workers registered, at most max_namespaces (None:
         #: the arena's table is the only limit).
         limit = config.get("max_namespaces")
@@ -104,12 +113,16 @@ class _Owner:
             raise SharedCacheError(f"an owner of {self.name!r} is already running") from None
         # Holding the lock: whatever files are left are a dead owner's.
         _unlink(self.paths["arena"], self.paths["sock"])
+        self.arena_fd = self.arena_ro_fd = -1
+        if required:
+            self.arena_fd = os.memfd_create(f"cqc-{self.name}.arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.native = _native.Cache.owner(
             budget_bytes=int(config["budget_bytes"]),
             slot_count=int(config["slots"]),
             uri=self.uri,
             max_await_time_ms=self.max_await_time_ms,
-            arena_path=self.paths["arena"],
+            arena_path=None if required else self.paths["arena"],
+            arena_fd=self.arena_fd,
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
             heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
@@ -121,6 +134,16 @@ class _Owner:
             tls_crl_file=config.get("tls_crl_file"),
             stream_scope=1 if config.get("stream_scope") == "database" else 0,
         )
+        if required:
+            # Workers get a read-only descriptor of their own (a mapping of
+            # it cannot be made writable); nobody can shrink or grow it.
+            fcntl.fcntl(
+                self.arena_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            )
+            self.arena_ro_fd = os.open(f"/proc/self/fd/{self.arena_fd}", os.O_RDONLY | os.O_CLOEXEC)
+            # /proc/<pid>/fd, its memory and ptrace: closed to this user's
+            # other processes, which could otherwise open the memfd there.
+            _native.undumpable()
         old = os.umask(0o177)
         try:
             self.server = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -176,8 +199,24 @@ class _Owner:
             "owner_uptime_s": time.monotonic() - self.started,
         }
 
+    def _check_capability(self, msg: dict[str, Any]) -> None:
+        """Refuse a request without this owner's capability where one is
+        required, and one with another capability anywhere."""
+        given = msg.get("capability")
+        if given is None and not self.require_capability:
+            return
+        if not capability_matches(given, self.capability):
+            raise SharedCacheError(
+                f"refused: shared cache {self.name!r} requires its capability (SharedCache.connection)"
+                if given is None
+                else f"refused: the capability does not match shared cache {self.name!r}'s"
+            )
+
     def handle(self, conn: _socket.socket) -> None:
         ring_id = 0
+        #: Whether a hello with the capability passed on this connection
+        #: (what a worker's later requests need where one is required).
+        trusted = not self.require_capability
         try:
             if peer_uid(conn) != os.getuid():
                 return  # another user: say nothing
@@ -190,15 +229,20 @@ class _Owner:
                 if msg is None:
                     break
                 op = msg.get("op")
+                fds: list[int] = []
                 try:
+                    if op not in ("info", "hello") and not trusted:
+                        self._check_capability(msg)
                     if op == "info":
                         reply = {
                             "ok": True,
                             "max_entry_bytes": self.max_entry_bytes,
                             "ring_bytes": ring_bytes_for(self.max_entry_bytes),
                             "identity_salt": self.identity_salt,
+                            "capability_required": self.require_capability,
                         }
                     elif op == "hello":
+                        self._check_capability(msg)
                         if not same_deployment(msg.get("deployment") or {}, self.deployment):
                             raise SharedCacheError(
                                 "the worker's client and the owner follow different deployments"
@@ -208,16 +252,31 @@ class _Owner:
                             raise SharedCacheError(f"refused to attach to {self.name!r}: {refused}")
                         if ring_id:
                             raise SharedCacheError("already attached")
-                        ring_id = self.native.attach_ring(str(msg["segment"]))
-                        with self.lock:
-                            self.workers += 1
                         reply = {
                             "ok": True,
-                            "arena": self.paths["arena"],
                             "geometry": self.native.geometry(),
                             "max_entry_bytes": self.max_entry_bytes,
                             "max_await_time_ms": self.max_await_time_ms,
                         }
+                        if self.require_capability:
+                            # The arena's descriptor; the ring's comes back
+                            # with the worker's "ring" request.
+                            trusted = True
+                            fds = [self.arena_ro_fd]
+                        else:
+                            ring_id = self._attach(str(msg["segment"]))
+                            reply["arena"] = self.paths["arena"]
+                    elif op == "ring":
+                        if not self.require_capability or ring_id:
+                            raise SharedCacheError("unexpected ring")
+                        fd = reader.take_fd()
+                        if fd is None:
+                            raise SharedCacheError("the ring's descriptor did not come with the request")
+                        try:
+                            ring_id = self._attach(fd)
+                        finally:
+                            os.close(fd)
+                        reply = {"ok": True}
                     elif op == "register":
                         key = (str(msg["db"]), str(msg["coll"]))
                         with self.lock:
@@ -243,7 +302,10 @@ class _Owner:
                         raise SharedCacheError(f"unknown request {op!r}")
                 except (SharedCacheError, ValueError, KeyError, RuntimeError, TypeError) as exc:
                     reply = {"ok": False, "error": str(exc)}
-                send_message(conn, reply)
+                    fds = []
+                finally:
+                    reader.close_fds()  # any nobody asked for
+                send_message(conn, reply, fds)
         except OSError:
             pass
         finally:
@@ -254,6 +316,12 @@ class _Owner:
                     if self.workers == 0:
                         self.idle_since = time.monotonic()
             conn.close()
+
+    def _attach(self, ring: str | int) -> int:
+        ring_id = self.native.attach_ring(ring)
+        with self.lock:
+            self.workers += 1
+        return ring_id
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -279,6 +347,9 @@ class _Owner:
         self.server.close()
         _unlink(self.paths["sock"], self.paths["arena"])
         self.native.close()
+        for fd in (self.arena_ro_fd, self.arena_fd):
+            if fd >= 0:
+                os.close(fd)
         os.close(self._lock_fd)
 
 

@@ -18,6 +18,7 @@ Miss protocol (coherence rule 1):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import threading
@@ -237,15 +238,25 @@ class Engine:
             ring_bytes = int(info["ring_bytes"])
             if not ring_bytes_for(0) <= ring_bytes <= 1 << 30:
                 raise SharedCacheError(f"the owner of {link.name!r} asks for a ring of {ring_bytes} bytes")
-            native = _native.Cache.worker(
-                arena_path=link.paths["arena"],
-                segment_path=segment,
-                ring_bytes=ring_bytes,
-                **reader,
-            )
-            reply = link.request(
-                "hello", pid=os.getpid(), segment=segment, deployment=deployment, identity=proof
-            )
+            hello = {"pid": os.getpid(), "deployment": deployment, "identity": proof}
+            if link.capability is not None:
+                hello["capability"] = link.capability
+            if info.get("capability_required"):
+                if link.capability is None:
+                    raise SharedCacheError(
+                        f"shared cache {link.name!r} requires its capability: attach with "
+                        "CacheManager(client, shared=owner.connection)"
+                    )
+                segment = None
+                native, reply = Engine._attach_by_fd(link, ring_bytes, hello, reader)
+            else:
+                native = _native.Cache.worker(
+                    arena_path=link.paths["arena"],
+                    segment_path=segment,
+                    ring_bytes=ring_bytes,
+                    **reader,
+                )
+                reply = link.request("hello", segment=segment, **hello)
             mine, theirs = native.geometry(), reply["geometry"]
             for key in ("layout_version", "arena_bytes", "budget_bytes", "slot_count", "owner_uid", "owner_pid"):
                 if mine[key] != theirs[key]:
@@ -256,11 +267,43 @@ class Engine:
         except BaseException:
             if native is not None:
                 native.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(segment)
+            if segment is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(segment)
             link.close()
             raise
         return native, segment, int(reply["max_entry_bytes"])
+
+    @staticmethod
+    def _attach_by_fd(
+        link: OwnerLink, ring_bytes: int, hello: dict[str, Any], reader: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """Attach to an owner that requires a capability: the hello's reply
+        brings the arena's descriptor; this worker's ring is a memfd of its
+        own, sealed, whose descriptor goes back with a "ring" request. No
+        file of either is left anywhere: both descriptors are closed once
+        mapped. (the native cache, the hello's reply)"""
+        reply, fds = link.request_fds("hello", None, **hello)
+        ring_fd, native = -1, None
+        try:
+            if len(fds) != 1:
+                raise SharedCacheError(f"the owner of {link.name!r} did not hand over its arena")
+            ring_fd = os.memfd_create(f"cqc-{link.name}.ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            native = _native.Cache.worker(
+                arena_path=None, segment_path=None, ring_bytes=ring_bytes,
+                arena_fd=fds[0], segment_fd=ring_fd, **reader,
+            )  # fmt: skip
+            fcntl.fcntl(ring_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            link.request_fds("ring", [ring_fd])
+        except BaseException:
+            if native is not None:
+                native.close()
+            raise
+        finally:
+            for fd in [*fds, ring_fd]:
+                if fd >= 0:
+                    os.close(fd)
+        return native, reply
 
     # -- shared mode: losing and finding an owner ---------------------------
 

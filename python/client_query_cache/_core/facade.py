@@ -27,7 +27,14 @@ from .errors import CacheConfigurationError
 from .read import CollectionCore
 from .snapshot import CacheSnapshot
 from .handle import SharedCacheConfig, attach_or_start
-from .shared import OwnerLink, deployment_of_client, identity_of_client, validate_name
+from .shared import (
+    CONNECTION_PREFIX,
+    OwnerLink,
+    SharedCacheConnection,
+    deployment_of_client,
+    identity_of_client,
+    validate_name,
+)
 from .uri import stream_uri_for
 
 __all__ = ["ManagerBase", "DatabaseBase", "CollectionBase", "install_write_methods"]
@@ -180,7 +187,7 @@ class ManagerBase:
         max_await_time_ms: int = 1000,
         slot_count: int | None = None,
         stream_uri: str | None = None,
-        shared: str | SharedCacheConfig | None = None,
+        shared: str | SharedCacheConnection | SharedCacheConfig | None = None,
         max_namespaces: int | None = None,
         stream_scope: str = "deployment",
     ) -> None:
@@ -189,10 +196,13 @@ class ManagerBase:
                 f"client must be a pymongo.{self._client_type.__name__}, "
                 f"not {type(client).__name__}"
             )
-        if shared is not None and not isinstance(shared, (str, SharedCacheConfig)):
+        if shared is not None and not isinstance(shared, (str, SharedCacheConnection, SharedCacheConfig)):
             raise CacheConfigurationError(
-                f"shared must be a shared cache name (str) or a SharedCacheConfig, not {type(shared).__name__}"
+                "shared must be a shared cache name or connection string (str), a SharedCacheConnection "
+                f"or a SharedCacheConfig, not {type(shared).__name__}"
             )
+        if isinstance(shared, str) and shared.startswith(CONNECTION_PREFIX):
+            shared = SharedCacheConnection.parse(shared)
         if isinstance(shared, SharedCacheConfig):
             _check_shared_config(shared)
         if max_entry_bytes is None:
@@ -228,10 +238,13 @@ class ManagerBase:
                 def reconnect() -> OwnerLink:
                     return attach_or_start(config, derived)
             else:
-                name = validate_name(shared)
+                if isinstance(shared, SharedCacheConnection):
+                    name, capability = shared.name, shared.capability
+                else:
+                    name, capability = validate_name(shared), None
 
                 def reconnect() -> OwnerLink:
-                    return OwnerLink(name)
+                    return OwnerLink(name, capability)
 
             self._engine = Engine(
                 self._config,

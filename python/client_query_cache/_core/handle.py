@@ -25,10 +25,12 @@ from .config import (
 from .errors import CacheConfigurationError
 from .shared import (
     OwnerLink,
+    SharedCacheConnection,
     SharedCacheError,
     deployment_of_uri,
     identity_of_uri,
     identity_proof,
+    new_capability,
     paths_for,
     peer_uid,
     recv_message,
@@ -44,10 +46,13 @@ __all__ = ["SharedCache", "SharedCacheConfig", "attach_or_start"]
 class SharedCache:
     """Handle of a running owner process (``start()`` returns one)."""
 
-    def __init__(self, name: str, process: subprocess.Popen[bytes] | None, pid: int) -> None:
+    def __init__(
+        self, name: str, process: subprocess.Popen[bytes] | None, pid: int, capability: str | None = None
+    ) -> None:
         self.name = name
         self._process = process
         self.pid = pid
+        self._capability = capability
         #: start()'s arguments, for restart() (None: a handle not made by
         #: start(), which cannot restart its owner).
         self._started: tuple[str, dict[str, Any]] | None = None
@@ -67,11 +72,41 @@ class SharedCache:
         ready_timeout: float = 60.0,
         max_namespaces: int | None = None,
         stream_scope: str = "deployment",
+        require_capability: bool = False,
     ) -> SharedCache:
         """Start the owner of shared cache ``name`` for the deployment at
         ``uri``, and return once it accepts workers. With
         ``idle_exit_seconds``, the owner exits that long after its last
-        worker detached (how auto-started owners end)."""
+        worker detached (how auto-started owners end). The owner gets a new
+        random capability (``connection``); with ``require_capability``, a
+        worker attaches only with it, and the arena is no file (see
+        docs/deployment.md)."""
+        return cls._start(
+            name, uri, new_capability(), arena_bytes=arena_bytes, budget_bytes=budget_bytes, slots=slots,
+            max_entry_bytes=max_entry_bytes, max_await_time_ms=max_await_time_ms,
+            idle_exit_seconds=idle_exit_seconds, ready_timeout=ready_timeout, max_namespaces=max_namespaces,
+            stream_scope=stream_scope, require_capability=require_capability,
+        )  # fmt: skip
+
+    @classmethod
+    def _start(
+        cls,
+        name: str,
+        uri: str,
+        capability: str,
+        *,
+        arena_bytes: int | None,
+        budget_bytes: int,
+        slots: int | None,
+        max_entry_bytes: int,
+        max_await_time_ms: int,
+        idle_exit_seconds: float | None,
+        ready_timeout: float,
+        max_namespaces: int | None,
+        stream_scope: str,
+        require_capability: bool,
+    ) -> SharedCache:
+        """start() with the owner's capability given (restart keeps it)."""
         # Every argument is checked before the owner process exists: a
         # late error would leave it running and holding the name.
         validate_name(name)
@@ -86,6 +121,10 @@ class SharedCache:
         )
         check_max_namespaces("max_namespaces", max_namespaces)
         check_stream_scope("stream_scope", stream_scope)
+        if not isinstance(require_capability, bool):
+            raise CacheConfigurationError(
+                f"require_capability must be a bool, not {type(require_capability).__name__}"
+            )
         if idle_exit_seconds is not None:
             idle_exit_seconds = check_seconds("idle_exit_seconds", idle_exit_seconds)
         ready_timeout = check_seconds("ready_timeout", ready_timeout)
@@ -108,6 +147,8 @@ class SharedCache:
             "deployment": deployment,
             "identity": identity,
             "identity_salt": salt,
+            "capability": capability,
+            "require_capability": require_capability,
             "max_namespaces": max_namespaces,
             "stream_scope": stream_scope,
             "arena_bytes": arena_bytes or 0,
@@ -149,7 +190,7 @@ class SharedCache:
                 f"the owner of {name!r} did not start: {ready.get('error', 'no answer')}"
             )
         process.stdout.close()  # the owner writes nothing after its ready line
-        handle = cls(name, process, int(ready["pid"]))
+        handle = cls(name, process, int(ready["pid"]), capability)
         handle._started = (
             uri,
             {
@@ -157,9 +198,19 @@ class SharedCache:
                 "max_entry_bytes": max_entry_bytes, "max_await_time_ms": max_await_time_ms,
                 "idle_exit_seconds": idle_exit_seconds, "ready_timeout": ready_timeout,
                 "max_namespaces": max_namespaces, "stream_scope": stream_scope,
+                "require_capability": require_capability,
             },
         )  # fmt: skip
         return handle
+
+    @property
+    def connection(self) -> SharedCacheConnection:
+        """The name and capability a worker attaches with:
+        ``CacheManager(client, shared=owner.connection)`` (picklable; its
+        ``str()`` is the same for an environment variable)."""
+        if self._capability is None:
+            raise SharedCacheError(f"this handle of {self.name!r} was not returned by SharedCache.start()")
+        return SharedCacheConnection(self.name, self._capability)
 
     def _request(self, op: str) -> dict[str, Any]:
         path = paths_for(self.name)["sock"]
@@ -168,7 +219,10 @@ class SharedCache:
             sock.connect(path)
             if peer_uid(sock) != os.getuid():
                 raise SharedCacheError("the owner runs as another user")
-            send_message(sock, {"op": op})
+            message = {"op": op}
+            if self._capability is not None:
+                message["capability"] = self._capability
+            send_message(sock, message)
             with sock.makefile("rb") as reader:
                 try:
                     reply = recv_message(reader)
@@ -216,7 +270,9 @@ class SharedCache:
             raise SharedCacheError(f"this handle of {self.name!r} did not start its owner: it cannot restart it")
         uri, options = self._started
         self.stop(timeout)
-        fresh = type(self).start(self.name, uri, **options)
+        # The same capability: the workers' connection stays good.
+        assert self._capability is not None
+        fresh = type(self)._start(self.name, uri, self._capability, **options)
         self._process, self.pid = fresh._process, fresh.pid
 
     def __enter__(self) -> SharedCache:

@@ -13,14 +13,24 @@ others): ``$CQC_RUNTIME_DIR`` if set, else ``/dev/shm/client-query-cache-UID``.
     NAME.w<pid>-<hex>.ring  one worker's admission ring (0600), created by the
                           worker, mapped by the owner, removed on detach
 
+An owner that requires a capability (``SharedCache.start(require_capability=
+True)``) keeps neither an arena nor rings there: its arena is a memfd that it
+hands, read-only, to each worker that presents the capability, over the
+control socket (SCM_RIGHTS), and each worker hands its ring's memfd back the
+same way; both are sealed against shrinking and growing.
+
 No suffix above ends another, so no name's files can be another name's:
 NAME + s1 == OTHER + s2 only when NAME == OTHER. A name starts with a letter or a digit, so none is a hidden
 file or reads as an option.
 
-Control protocol: one JSON object per line each way (at most 1 MiB). Requests: ``hello``
-(attach a ring, check the deployment), ``register`` (a namespace: the owner
-starts the database's stream), ``snapshot`` (group statistics), ``stop``.
-Credentials never cross it: the owner gets its connection string on stdin.
+Control protocol: one JSON object per line each way (at most 1 MiB). Requests: ``info``
+(the ring size, the identity salt, whether a capability is required),
+``hello`` (check the deployment, the identity and the capability; attach a
+ring, or with a capability required answer with the arena's descriptor),
+``ring`` (with a capability required: attach the ring whose descriptor comes
+with it), ``register`` (a namespace: the owner starts the database's
+stream), ``snapshot`` (group statistics), ``stop``. Credentials never cross
+it: the owner gets its connection string and capability on stdin.
 """
 
 from __future__ import annotations
@@ -62,6 +72,9 @@ __all__ = [
     "recv_message",
     "LineReader",
     "OwnerLink",
+    "SharedCacheConnection",
+    "new_capability",
+    "capability_matches",
 ]
 
 _NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -352,18 +365,57 @@ def decode_message(line: bytes | str) -> dict[str, Any]:
     return message
 
 
-def send_message(sock: Any, message: dict[str, Any]) -> None:
-    sock.sendall(encode_message(message))
+def send_message(sock: Any, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send ``message``; with ``fds``, those descriptors go with its first
+    byte (SCM_RIGHTS), and the receiver's LineReader collects them."""
+    data = encode_message(message)
+    if fds:
+        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
+
+
+class _suppress_os_error:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
+        return kind is not None and issubclass(kind, OSError)
+
+
+#: The most file descriptors one message may carry (SCM_RIGHTS).
+MAX_FDS = 1
 
 
 class LineReader:
-    """The lines a socket receives, read in chunks."""
+    """The lines a socket receives, read in chunks, and the file
+    descriptors that came with them (``fds``, oldest first: whoever takes
+    one closes it; ``close_fds`` closes those nobody took)."""
 
-    __slots__ = ("_sock", "_buf")
+    __slots__ = ("_sock", "_buf", "fds")
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self._buf = bytearray()
+        self.fds: list[int] = []
+
+    def _recv(self) -> bytes:
+        chunk, ancillary, _flags, _addr = self._sock.recvmsg(65536, _socket.CMSG_SPACE(4 * MAX_FDS))
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                n = len(data) // 4
+                self.fds.extend(struct.unpack(f"{n}i", data[: 4 * n]))
+        return chunk
+
+    def take_fd(self) -> int | None:
+        """The oldest descriptor received and not taken, or None."""
+        return self.fds.pop(0) if self.fds else None
+
+    def close_fds(self) -> None:
+        while self.fds:
+            with _suppress_os_error():
+                os.close(self.fds.pop())
 
     def readline(self, limit: int) -> bytes:
         """The next line, newline included, or at most ``limit`` bytes of
@@ -376,7 +428,7 @@ class LineReader:
                 line = bytes(buf[:end])
                 del buf[:end]
                 return line
-            chunk = self._sock.recv(65536)
+            chunk = self._recv()
             if not chunk:
                 line = bytes(buf)
                 buf.clear()
@@ -399,13 +451,88 @@ def peer_uid(sock: Any) -> int:
     return uid
 
 
+# -- capabilities -------------------------------------------------------------
+
+#: The string form of a SharedCacheConnection: ``cqc1:NAME:CAPABILITY``.
+CONNECTION_PREFIX = "cqc1:"
+_HEX = frozenset("0123456789abcdef")
+
+
+def new_capability() -> str:
+    """32 random bytes, as 64 lowercase hex digits."""
+    return os.urandom(32).hex()
+
+
+def _check_capability(value: object) -> str:
+    if not isinstance(value, str) or len(value) != 64 or not _HEX.issuperset(value):
+        raise CacheConfigurationError("a shared cache's capability is 64 lowercase hex digits")
+    return value
+
+
+def capability_matches(given: object, expected: str) -> bool:
+    """Whether ``given`` is the capability ``expected`` (in constant time)."""
+    return isinstance(given, str) and _operator._compare_digest(given.encode(), expected.encode())
+
+
+class SharedCacheConnection:
+    """What a worker needs to attach to a shared cache: its name and the
+    capability its owner was started with (``SharedCache.connection``).
+    Pass it as ``CacheManager(client, shared=connection)``, pickled to a
+    worker process, or as its string form ``str(connection)``
+    (``cqc1:NAME:CAPABILITY``, for an environment variable), which
+    ``CacheManager(shared=...)`` and ``SharedCacheConnection.parse`` take.
+    The capability is a secret: ``repr()`` leaves it out."""
+
+    __slots__ = ("name", "capability")
+
+    def __init__(self, name: str, capability: str) -> None:
+        object.__setattr__(self, "name", validate_name(name))
+        object.__setattr__(self, "capability", _check_capability(capability))
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("SharedCacheConnection is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SharedCacheConnection, (self.name, self.capability))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, SharedCacheConnection)
+            and other.name == self.name
+            and capability_matches(other.capability, self.capability)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.capability))
+
+    def __repr__(self) -> str:
+        return f"SharedCacheConnection(name={self.name!r}, capability=<hidden>)"
+
+    def __str__(self) -> str:
+        return f"{CONNECTION_PREFIX}{self.name}:{self.capability}"
+
+    @classmethod
+    def parse(cls, text: object) -> SharedCacheConnection:
+        """The connection whose string form is ``text``;
+        CacheConfigurationError for anything else (the message never
+        quotes it)."""
+        if not isinstance(text, str) or not text.startswith(CONNECTION_PREFIX):
+            raise CacheConfigurationError(f"a shared cache connection string starts with {CONNECTION_PREFIX!r}")
+        name, sep, capability = text[len(CONNECTION_PREFIX) :].rpartition(":")
+        if not sep:
+            raise CacheConfigurationError("a shared cache connection string is 'cqc1:NAME:CAPABILITY'")
+        return cls(name, capability)
+
+
 class OwnerLink:
     """A worker's connection to its owner: the control socket (kept open for
     the worker's life; the owner detaches the worker when it closes) and the
     request/response exchange over it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, capability: str | None = None) -> None:
         self.name = validate_name(name)
+        #: The capability this worker presents (None: it attaches by name).
+        self.capability = capability
         self.paths = paths_for(name)
         self._lock = _thread.allocate_lock()
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -425,17 +552,32 @@ class OwnerLink:
         self._reader = LineReader(self._sock)
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        reply, fds = self.request_fds(op, None, **fields)
+        for fd in fds:  # none was asked for
+            with _suppress_os_error():
+                os.close(fd)
+        return reply
+
+    def request_fds(self, op: str, fds: list[int] | None, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        """``request`` sending ``fds`` with the request; also the
+        descriptors that came with the reply (the caller closes them)."""
         with self._lock:
             try:
-                send_message(self._sock, {"op": op, **fields})
+                send_message(self._sock, {"op": op, **fields}, fds)
                 reply = recv_message(self._reader)
             except (OSError, ValueError) as exc:
+                self._reader.close_fds()
                 raise SharedCacheError(f"the owner of {self.name!r} did not answer: {exc}") from None
+            received, self._reader.fds = self._reader.fds, []
+        if reply is None or not reply.get("ok"):
+            for fd in received:
+                with _suppress_os_error():
+                    os.close(fd)
         if reply is None:
             raise SharedCacheError(f"the owner of {self.name!r} closed the connection")
         if not reply.get("ok"):
             raise SharedCacheError(str(reply.get("error", "the owner refused the request")))
-        return reply
+        return reply, received
 
     def close(self) -> None:
         self._sock.close()
