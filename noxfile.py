@@ -336,6 +336,12 @@ CHROOT_SUBSET = [
     "tests/test_process_files.py",
     "tests/test_builder.py",
 ]
+# The builder's properties run this many examples each in the subset
+# sessions (and the arm64 one), not 500: the host's suite, the sanitizer run
+# and wheel_tests run 500 against the same builder; what a chroot adds is
+# another CPython (or an emulated CPU), which the first 100 (derandomized:
+# the same ones every run) reach as well.
+CHROOT_BUILDER_EXAMPLES = 100
 
 # Runs inside a wheel chroot, in /root/cqc: a venv of Debian's own python3,
 # the wheel and the test dependencies (requirements.txt: the test extra's
@@ -619,6 +625,9 @@ def _built_sdist(session: nox.Session) -> Path:
     return sdists[0]
 
 
+SUBSET_ENV = {"CQC_BUILDER_EXAMPLES": str(CHROOT_BUILDER_EXAMPLES)}
+
+
 def _subset_or_posargs(session: nox.Session) -> list[str]:
     if session.posargs:
         return list(session.posargs)
@@ -645,7 +654,10 @@ def wheel_tests_chroot_trixie(session: nox.Session) -> None:
     .chroot-trixie/), with the tests of CHROOT_SUBSET (or those named after
     --)."""
     root = _chroot(session, "trixie")
-    _run_in_chroot(session, root, _built_wheel(session), WHEEL_CHROOT_SCRIPT, _subset_or_posargs(session))
+    _run_in_chroot(
+        session, root, _built_wheel(session), WHEEL_CHROOT_SCRIPT, _subset_or_posargs(session),
+        extra_env=SUBSET_ENV,
+    )  # fmt: skip
 
 
 @nox.session(name="wheel_tests_chroot-3.14", python=PYTHON)
@@ -656,7 +668,7 @@ def wheel_tests_chroot_sid(session: nox.Session) -> None:
     root = _chroot(session, "sid")
     wheel_file, tests = _built_wheel(session), _subset_or_posargs(session)
     with _server_on_host(session) as uri:
-        _run_in_chroot(session, root, wheel_file, WHEEL_CHROOT_SCRIPT, tests, server_uri=uri)
+        _run_in_chroot(session, root, wheel_file, WHEEL_CHROOT_SCRIPT, tests, server_uri=uri, extra_env=SUBSET_ENV)
 
 
 @nox.session(name="sdist_tests_chroot-3.14", python=PYTHON)
@@ -670,7 +682,7 @@ def sdist_tests_chroot_sid(session: nox.Session) -> None:
     root = _chroot(session, "sid-sdist")
     sdist, tests = _built_sdist(session), _subset_or_posargs(session)
     with _server_on_host(session) as uri:
-        _run_in_chroot(session, root, sdist, SDIST_CHROOT_SCRIPT, tests, server_uri=uri)
+        _run_in_chroot(session, root, sdist, SDIST_CHROOT_SCRIPT, tests, server_uri=uri, extra_env=SUBSET_ENV)
 
 
 # What the arm64 chroot runs under qemu, with the aarch64 wheel: the
@@ -697,10 +709,6 @@ RACE_CHECKS = [
     ("race_evict_move", ["tests/fuzz/race_evict_move.c", "csrc/arena.c", "csrc/keys.c"], "-O1"),
 ]
 RACE_SECONDS = 5
-# The builder's properties run this many examples each under qemu, not 500:
-# emulated, 500 took 266 s of the subset's 455 (the host runs 500 in
-# every suite; derandomized, the first 100 are the same ones every run).
-ARM_BUILDER_EXAMPLES = 100
 
 # Runs in the arm64 chroot: the race checks, then what a wheel chroot runs.
 ARM_CHROOT_SCRIPT = (
@@ -753,7 +761,7 @@ def wheel_tests_chroot_arm64(session: nox.Session) -> None:
     with _server_on_host(session) as uri:
         _run_in_chroot(
             session, root, wheel_file, ARM_CHROOT_SCRIPT, tests, server_uri=uri,
-            extra_env={"RACE_SECONDS": str(RACE_SECONDS), "CQC_BUILDER_EXAMPLES": str(ARM_BUILDER_EXAMPLES)},
+            extra_env={"RACE_SECONDS": str(RACE_SECONDS), "CQC_BUILDER_EXAMPLES": str(CHROOT_BUILDER_EXAMPLES)},
             prepare=lambda work: _arm64_race_checks(session, work / "race"),
         )  # fmt: skip
 
