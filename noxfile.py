@@ -628,11 +628,26 @@ def _built_sdist(session: nox.Session) -> Path:
 SUBSET_ENV = {"CQC_BUILDER_EXAMPLES": str(CHROOT_BUILDER_EXAMPLES)}
 
 
+# The subset's tests that must get something done within a deadline and
+# are marked serial for it (pyproject.toml): .ci/wheel runs the three subset
+# sessions side by side, where they do not have the machine to themselves
+# (in one CI run the drained ring's 700 admissions were not all applied
+# within 15 s in the 3.14 chroot, beside the other sessions and the arm64
+# one). Left out of the subset sessions; they run alone on the host, under
+# the sanitizers and against the installed wheel (wheel_tests' serial
+# pass), and in the arm64 session.
+SIDE_BY_SIDE_DESELECT = [
+    "tests/test_shared_cache.py::test_a_drained_ring_keeps_few_pages_resident_in_the_worker",
+    "tests/test_shared_cache.py::test_a_full_ring_drops_admissions_and_reads_stay_correct",
+]
+
+
 def _subset_or_posargs(session: nox.Session) -> list[str]:
     if session.posargs:
         return list(session.posargs)
     session.log(f"tests: {' '.join(CHROOT_SUBSET)} (arguments after -- replace them)")
-    return list(CHROOT_SUBSET)
+    session.log(f"deselected, as they need the machine to themselves: {', '.join(SIDE_BY_SIDE_DESELECT)}")
+    return [*CHROOT_SUBSET, *(arg for test in SIDE_BY_SIDE_DESELECT for arg in ("--deselect", test))]
 
 
 @nox.session(python=False)
