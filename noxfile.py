@@ -38,6 +38,19 @@ ABI3AUDIT = "abi3audit==0.0.26"
 # wheel may grow.
 PLATFORMS = {"x86_64": "manylinux_2_28_x86_64", "aarch64": "manylinux_2_28_aarch64"}
 MAX_WHEEL_BYTES = 6 * 2**20
+# A directory (set by .ci/run) where sessions announce what they have made,
+# one empty file a thing, as soon as it is complete: "wheel-<arch>" once that
+# wheel is in wheelhouse/, "chroot-<name>" once .chroot-<name>/ is made.
+# .ci/run starts the arm64 session when its wheel and chroot are announced,
+# before the rest of the wheel and chroot sessions has ended.
+READY_DIR_ENV = "CQC_READY_DIR"
+
+
+def _announce(what: str) -> None:
+    """Announce ``what`` in READY_DIR_ENV's directory, if one is set."""
+    ready = os.environ.get(READY_DIR_ENV)
+    if ready:
+        Path(ready, what).touch()
 # Tests that need the source tree rather than a package: the guard benchmark
 # builds two git revisions of this checkout side by side.
 SOURCE_TREE_ONLY = [
@@ -122,15 +135,21 @@ def _nice(session: nox.Session, *args: str, **kwargs) -> None:
 def _add_vendored_notices(session: nox.Session, wheel: Path, notices: Path, outdir: Path) -> Path:
     """Repack ``wheel`` with the license notices of the libraries linked into
     its extension (``notices``: what .ci/build-vendored gathered from their
-    sources) under <dist-info>/licenses/vendored/. Returns the new wheel."""
+    sources) under <dist-info>/licenses/vendored/. Returns the new wheel,
+    renamed into ``outdir`` whole (a session waiting for it never sees it
+    half written)."""
     with tempfile.TemporaryDirectory() as tmp:
-        session.run("python", "-m", "wheel", "unpack", "--dest", tmp, str(wheel), silent=True)
-        (unpacked,) = Path(tmp).iterdir()
+        unpack, pack = Path(tmp) / "unpacked", Path(tmp) / "packed"
+        session.run("python", "-m", "wheel", "unpack", "--dest", str(unpack), str(wheel), silent=True)
+        (unpacked,) = unpack.iterdir()
         (dist_info,) = unpacked.glob("*.dist-info")
         shutil.copytree(notices, dist_info / "licenses" / "vendored")
-        session.run("python", "-m", "wheel", "pack", "--dest-dir", str(outdir), str(unpacked), silent=True)
-    (packed,) = outdir.glob(wheel.name)
-    return packed
+        session.run("python", "-m", "wheel", "pack", "--dest-dir", str(pack), str(unpacked), silent=True)
+        (packed,) = pack.glob(wheel.name)
+        final = outdir / packed.name
+        shutil.copy2(packed, outdir / f".{packed.name}.part")
+        os.replace(outdir / f".{packed.name}.part", final)
+    return final
 
 
 @nox.session(python=PYTHON)
@@ -142,7 +161,10 @@ def wheel(session: nox.Session) -> None:
     cross-compiles from any host), their notices added, in wheelhouse/.
     Needs what .ci/setup installs, perl and make, and the Debian archive
     (the libraries' sources) unless .vendored/ already holds the build."""
-    arches = list(session.posargs) or list(PLATFORMS)
+    # By default the wheels of other architectures first: the tests of
+    # theirs run emulated, the longest of the wheel sessions, and .ci/run
+    # starts them as soon as their wheel is announced.
+    arches = list(session.posargs) or sorted(PLATFORMS, key=lambda arch: arch == platform_module.machine())
     unknown = [arch for arch in arches if arch not in PLATFORMS]
     if unknown:
         session.error(f"unknown architectures: {', '.join(unknown)} (known: {', '.join(PLATFORMS)})")
@@ -160,7 +182,10 @@ def wheel(session: nox.Session) -> None:
         for old in WHEELHOUSE.glob("client_query_cache-*"):
             old.unlink()
         WHEELHOUSE.mkdir(exist_ok=True)
-        finals = [_wheel_for(session, arch, source, Path(tmp) / arch) for arch in arches]
+        finals = []
+        for arch in arches:
+            finals.append(_wheel_for(session, arch, source, Path(tmp) / arch))
+            _announce(f"wheel-{arch}")
         shutil.copy2(sdist, WHEELHOUSE / sdist.name)
     for final in finals:
         session.run("auditwheel", "show", str(final))
@@ -345,21 +370,28 @@ CHROOT_BUILDER_EXAMPLES = 100
 
 # Runs inside a wheel chroot, in /root/cqc: a venv of Debian's own python3,
 # the wheel and the test dependencies (requirements.txt: the test extra's
-# pins) from the package index, the checks, the tests.
-WHEEL_CHROOT_SCRIPT = """set -eu
-cd /root/cqc
-for lib in libmongoc libbson; do
+# pins) from the package index, the checks, the tests. WHEEL_CHROOT_BARE
+# checks that the chroot has no mongo-c-driver and no compiler;
+# WHEEL_CHROOT_TESTS runs the checks of the installed wheel and the tests.
+WHEEL_CHROOT_BARE = """for lib in libmongoc libbson; do
     if ls /usr/lib/*/"$lib"* /lib/*/"$lib"* >/dev/null 2>&1; then
         echo "chroot: $lib is installed here" >&2; exit 1
     fi
 done
 if command -v gcc || command -v cc; then echo "chroot: a C compiler is installed here" >&2; exit 1; fi
 python3 --version
-python3 -m venv venv
-venv/bin/python -m pip install --quiet --progress-bar off --only-binary client-query-cache "$ARTIFACT" -r requirements.txt
-venv/bin/python installed_wheel.py
+"""
+WHEEL_CHROOT_TESTS = """venv/bin/python installed_wheel.py
 exec nice -n 10 venv/bin/python -m pytest -q -p installed_wheel "$@"
 """
+WHEEL_CHROOT_SCRIPT = (
+    "set -eu\ncd /root/cqc\n"
+    + WHEEL_CHROOT_BARE
+    + """python3 -m venv venv
+venv/bin/python -m pip install --quiet --progress-bar off --only-binary client-query-cache "$ARTIFACT" -r requirements.txt
+"""
+    + WHEEL_CHROOT_TESTS
+)
 
 # Runs inside the sdist chroot, in /root/cqc: the sdist built by pip (with
 # setup.py's -Wall -Wextra -Werror) against Debian's mongo-c-driver 2.x,
@@ -451,6 +483,7 @@ def _make_chroots(session: nox.Session, names: list[str]) -> None:
                 and time.time() - marker.stat().st_mtime < CHROOT_MAX_AGE_DAYS * 86400
             )
             if fresh:
+                _announce(f"chroot-{name}")
                 continue
             session.log(f"making {root.name}/: Debian {release} ({arch}) with {packages}")
             shutil.rmtree(root, ignore_errors=True)
@@ -463,14 +496,22 @@ def _make_chroots(session: nox.Session, names: list[str]) -> None:
                 )  # fmt: skip
             pending.append((name, root, made_as, proc, log))
         failed = []
-        for name, root, made_as, proc, log in pending:
-            if proc.wait() != 0:
-                tail = log.read_text(errors="replace").splitlines()[-30:]
-                session.warn(f"debootstrap of {root.name}/ failed (exit {proc.returncode}):\n" + "\n".join(tail))
-                failed.append(root.name)
-                continue
-            (root / CHROOT_MARKER).write_text(made_as)
-            session.log(f"made {root.name}/ ({time.monotonic() - started:.0f} s after the first debootstrap started)")
+        waiting = list(pending)
+        while waiting:  # each one announced as soon as it is made
+            done = [job for job in waiting if job[3].poll() is not None]
+            if not done:
+                time.sleep(1)
+            for job in done:
+                waiting.remove(job)
+                name, root, made_as, proc, log = job
+                if proc.returncode != 0:
+                    tail = log.read_text(errors="replace").splitlines()[-30:]
+                    session.warn(f"debootstrap of {root.name}/ failed (exit {proc.returncode}):\n" + "\n".join(tail))
+                    failed.append(root.name)
+                    continue
+                (root / CHROOT_MARKER).write_text(made_as)
+                _announce(f"chroot-{name}")
+                session.log(f"made {root.name}/ ({time.monotonic() - started:.0f} s after the first debootstrap started)")
         if failed:
             session.error(f"debootstrap failed: {', '.join(failed)}")
     finally:
@@ -725,7 +766,11 @@ RACE_CHECKS = [
 ]
 RACE_SECONDS = 5
 
-# Runs in the arm64 chroot: the race checks, then what a wheel chroot runs.
+# Runs in the arm64 chroot: the race checks, then what a wheel chroot runs,
+# but for pip: emulated, pip alone took about 100 s of CPU (the venv's own
+# pip, then the installs). The venv is made without pip, and the wheel and
+# the test requirements come installed for the chroot's Python and platform
+# by the host's pip (site/, _arm64_site), moved into its site-packages.
 ARM_CHROOT_SCRIPT = (
     """set -eu
 cd /root/cqc
@@ -734,8 +779,35 @@ for check in race/*; do
     "$check" "$RACE_SECONDS"
 done
 """
-    + WHEEL_CHROOT_SCRIPT.removeprefix("set -eu\ncd /root/cqc\n")
+    + WHEEL_CHROOT_BARE
+    + """python3 -m venv --without-pip venv
+purelib=$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cp -a site/. "$purelib"/
+"""
+    + WHEEL_CHROOT_TESTS
 )
+
+
+def _arm64_site(session: nox.Session, root: Path, work: Path, artifact: Path) -> None:
+    """Install ``artifact`` (in ``work``) and work/requirements.txt into
+    work/site for the Python and glibc of the arm64 chroot ``root``, with
+    the host's pip: binary wheels only, of that CPython (its own ABI, abi3,
+    or none) and of any manylinux platform that glibc runs (pip takes each
+    platform tag as given, so all of them are named)."""
+    python = os.readlink(root / "usr" / "bin" / "python3").removeprefix("python")  # e.g. 3.11
+    status = (root / "var" / "lib" / "dpkg" / "status").read_text()
+    glibc = re.search(r"^Package: libc6\n(?:[^\n]+\n)*?Version: 2\.(\d+)", status, re.M)
+    if not glibc:
+        session.error(f"no libc6 version in {root.name}/'s dpkg status")
+    platforms = [f"manylinux_2_{minor}_aarch64" for minor in range(int(glibc[1]), 16, -1)] + ["manylinux2014_aarch64"]
+    session.log(f"installing into site/ (the host's pip) for CPython {python} on {platforms[0]} and older")
+    session.run(
+        "python", "-m", "pip", "install", "--quiet", "--progress-bar", "off", "--target", str(work / "site"),
+        "--only-binary", ":all:", *(arg for p in platforms for arg in ("--platform", p)),
+        "--python-version", python, "--implementation", "cp",
+        *(arg for abi in (f"cp{python.replace('.', '')}", "abi3", "none") for arg in ("--abi", abi)),
+        str(work / artifact.name), "-r", str(work / "requirements.txt"),
+    )  # fmt: skip
 
 
 def _arm64_race_checks(session: nox.Session, dest: Path) -> None:
@@ -777,7 +849,7 @@ def wheel_tests_chroot_arm64(session: nox.Session) -> None:
         _run_in_chroot(
             session, root, wheel_file, ARM_CHROOT_SCRIPT, tests, server_uri=uri,
             extra_env={"RACE_SECONDS": str(RACE_SECONDS), "CQC_BUILDER_EXAMPLES": str(CHROOT_BUILDER_EXAMPLES)},
-            prepare=lambda work: _arm64_race_checks(session, work / "race"),
+            prepare=lambda work: (_arm64_race_checks(session, work / "race"), _arm64_site(session, root, work, wheel_file)),
         )  # fmt: skip
 
 
