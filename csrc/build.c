@@ -345,7 +345,8 @@ cqc_build_objectid_bytes (PyObject *oid)
 /* Set-up                                                                   */
 /* ======================================================================== */
 
-static PyObject *build_entry (const uint8_t *buf, size_t len, bool many, bool *declined);
+static PyObject *build_entry (const uint8_t *buf, size_t len, bool many, bool elements,
+                              bool *declined);
 
 /* A document of every type the builder makes (built by bson.encode, with
  * undefined, symbol, DBPointer and an old binary appended by hand):
@@ -460,8 +461,8 @@ canary_matches (void)
                                                             g.default_codec, NULL)
                              : NULL;
    bool declined;
-   PyObject *got = want_all ? build_entry (canary, sizeof canary, false, &declined) : NULL;
-   PyObject *got_all = got ? build_entry (canary, sizeof canary, true, &declined) : NULL;
+   PyObject *got = want_all ? build_entry (canary, sizeof canary, false, false, &declined) : NULL;
+   PyObject *got_all = got ? build_entry (canary, sizeof canary, true, false, &declined) : NULL;
    bool ok = same_tree (got, want, 0) && same_tree (got_all, want_all, 0);
 
    Py_XDECREF (bytes);
@@ -1216,20 +1217,21 @@ build_array (builder_t *b, const uint8_t *p, size_t avail)
 
 /* A top-level document: exactly `len` bytes (one document, as
  * _bson_to_dict wants it) or a prefix of them (the next one of a list, as
- * _decode_all reads them); *size is set to its size. */
+ * _decode_all reads them); *size is set to its size. elements: built as an
+ * element of a reply's batch, where a DBRef document becomes a DBRef. */
 static PyObject *
-top_doc (builder_t *b, const uint8_t *p, size_t len, bool exact, size_t *size)
+top_doc (builder_t *b, const uint8_t *p, size_t len, bool exact, bool elements, size_t *size)
 {
    if (len < 5 || (exact && le32 (p) != len)) {
       return NULL;
    }
    *size = le32 (p);
-   return build_doc (b, p, len, false);
+   return build_doc (b, p, len, elements);
 }
 
 /* cqc_build without the set-up check (set_up's canary runs it). */
 static PyObject *
-build_entry (const uint8_t *buf, size_t len, bool many, bool *declined)
+build_entry (const uint8_t *buf, size_t len, bool many, bool elements, bool *declined)
 {
    builder_t b = {0};
    PyObject *res = NULL, *doc;
@@ -1237,15 +1239,17 @@ build_entry (const uint8_t *buf, size_t len, bool many, bool *declined)
 
    *declined = false;
    /* One level for the call itself: PyMongo's decoder, called through
-    * tp_call, starts one level deeper than this function does. */
-   if (!level_in (&b)) {
+    * tp_call, starts one level deeper than this function does; as batch
+    * elements, two more: the document and the array that hold them
+    * (decode_document's wrapper). */
+   if (!level_in (&b) || (elements && (!level_in (&b) || !level_in (&b)))) {
       goto cleanup;
    }
    if (!many) {
-      res = top_doc (&b, buf, len, true, &size);
+      res = top_doc (&b, buf, len, true, elements, &size);
    } else if ((res = PyList_New (0))) {
       while (pos < len) {
-         if (!(doc = top_doc (&b, buf + pos, len - pos, false, &size)) ||
+         if (!(doc = top_doc (&b, buf + pos, len - pos, false, elements, &size)) ||
              PyList_Append (res, doc) < 0) {
             Py_XDECREF (doc);
             Py_CLEAR (res);
@@ -1271,14 +1275,145 @@ cleanup:
 }
 
 PyObject *
-cqc_build (const uint8_t *buf, size_t len, bool many, bool *declined)
+cqc_build (const uint8_t *buf, size_t len, bool many, bool elements, bool *declined)
 {
    if (!ready ()) {
       *declined = false;
       PyErr_SetString (PyExc_RuntimeError, "the document builder is not available");
       return NULL;
    }
-   return build_entry (buf, len, many, declined);
+   return build_entry (buf, len, many, elements, declined);
+}
+
+/* ======================================================================== */
+/* Documents of a batch                                                     */
+/* ======================================================================== */
+
+/* PyMongo's cursors decode each document of a reply as an element of its
+ * batch array, not as a top-level document: a DBRef document ("$ref" and
+ * "$id") becomes a DBRef, and an exception from a TypeRegistry decoder
+ * becomes InvalidBSON with its message, as for any nested field. The
+ * cache's results must not depend on whether it served the read, so its
+ * documents are decoded the same way: decode_document and
+ * decode_documents (the module functions below, kept in g_elements to be
+ * recognized by cqc_hit_begin) wrap them in {"": [d0, d1, ...]} and hand
+ * that to bson._bson_to_dict with the caller's codec options; the builder,
+ * with elements set, makes the same objects without the wrapper. */
+static struct {
+   PyObject *one;       /* _native.decode_document */
+   PyObject *all;       /* _native.decode_documents */
+   PyObject *to_dict;   /* bson._bson_to_dict */
+   PyObject *decode_all; /* bson._decode_all */
+   PyObject *key;       /* "" */
+} g_elements;
+
+/* {"": [the documents of p]}: one document of exactly len bytes (many
+ * false), or documents laid end to end; NULL without an exception when p
+ * does not hold that, or is too large for one BSON document. */
+static inline void
+put_le32 (uint8_t *p, uint32_t v)
+{
+   p[0] = (uint8_t) v;
+   p[1] = (uint8_t) (v >> 8);
+   p[2] = (uint8_t) (v >> 16);
+   p[3] = (uint8_t) (v >> 24);
+}
+
+static PyObject *
+batch_of (const uint8_t *p, size_t len, bool many)
+{
+   size_t n = 0, pos = 0, total, at;
+   uint8_t *out;
+   PyObject *bytes;
+
+   while (pos < len) {
+      size_t size;
+      if (len - pos < 5 || (size = le32 (p + pos)) < 5 || size > len - pos) {
+         return NULL;
+      }
+      pos += size;
+      n++;
+   }
+   if ((!many && n != 1) || len > INT32_MAX) {
+      return NULL;
+   }
+   /* document: size, 0x04 "" NUL, array: size, n x (0x03 "0" NUL doc), NUL; NUL */
+   total = 4 + 2 + 4 + 3 * n + len + 1 + 1;
+   if (total > INT32_MAX || !(bytes = PyBytes_FromStringAndSize (NULL, (Py_ssize_t) total))) {
+      PyErr_Clear ();
+      return NULL;
+   }
+   out = (uint8_t *) PyBytes_AsString (bytes);
+   put_le32 (out, (uint32_t) total);
+   out[4] = 0x04;
+   out[5] = 0;
+   put_le32 (out + 6, (uint32_t) (total - 7));
+   at = 10;
+   for (pos = 0; pos < len;) {
+      size_t size = le32 (p + pos);
+      out[at] = 0x03;
+      out[at + 1] = '0';
+      out[at + 2] = 0;
+      memcpy (out + at + 3, p + pos, size);
+      at += 3 + size;
+      pos += size;
+   }
+   out[at] = 0;
+   out[at + 1] = 0;
+   return bytes;
+}
+
+/* decode_document(data, codec_options) / decode_documents(...): the
+ * document, or the list of documents laid end to end, of data, as PyMongo's
+ * cursor decodes a reply's batch. Bytes that are not documents laid end to
+ * end go to PyMongo's own top-level decoder, which raises its error. */
+static PyObject *
+decode_batch (PyObject *const *args, Py_ssize_t nargs, bool many)
+{
+   Py_buffer view;
+   PyObject *wrapped, *outer, *list, *res = NULL;
+
+   if (nargs != 2) {
+      PyErr_Format (PyExc_TypeError, "%s(data, codec_options) takes 2 arguments",
+                    many ? "decode_documents" : "decode_document");
+      return NULL;
+   }
+   if (!g_elements.to_dict && (!(g_elements.to_dict = import_attr ("bson", "_bson_to_dict")) ||
+                               !(g_elements.decode_all = import_attr ("bson", "_decode_all")))) {
+      Py_CLEAR (g_elements.to_dict);
+      return NULL;
+   }
+   if (PyObject_GetBuffer (args[0], &view, PyBUF_SIMPLE) < 0) {
+      return NULL;
+   }
+   wrapped = batch_of (view.buf, (size_t) view.len, many);
+   PyBuffer_Release (&view);
+   if (!wrapped) {
+      return PyObject_CallFunctionObjArgs (many ? g_elements.decode_all : g_elements.to_dict,
+                                           args[0], args[1], NULL);
+   }
+   outer = PyObject_CallFunctionObjArgs (g_elements.to_dict, wrapped, args[1], NULL);
+   Py_DECREF (wrapped);
+   list = outer ? PyObject_GetItem (outer, g_elements.key) : NULL;
+   Py_XDECREF (outer);
+   if (list) {
+      res = !many ? PySequence_GetItem (list, 0)
+                  : PyList_CheckExact (list) ? Py_NewRef (list) : PySequence_List (list);
+      Py_DECREF (list);
+   }
+   return res;
+}
+
+static PyObject *
+mod_decode_document (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
+{
+   return decode_batch (args, nargs, false);
+}
+
+static PyObject *
+mod_decode_documents (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
+{
+   return decode_batch (args, nargs, true);
 }
 
 /* ======================================================================== */
@@ -1306,14 +1441,21 @@ static uint64_t g_built, g_declined, g_decoded;
 void
 cqc_hit_begin (cqc_hit_t *h, PyObject *decode, PyObject *codec)
 {
+   bool one, all;
+
    memset (h, 0, sizeof *h);
    h->decode = decode;
    h->codec = codec;
    h->how = CQC_HIT_DECODE;
-   if (!ready () || (decode != g.decode_one && decode != g.decode_all) || !codec_ok (codec)) {
+   h->elements = decode == g_elements.one || decode == g_elements.all;
+   if (!ready ()) {
       return;
    }
-   h->how = decode == g.decode_one ? CQC_HIT_ONE : CQC_HIT_ALL;
+   one = decode == g_elements.one || decode == g.decode_one;
+   all = decode == g_elements.all || decode == g.decode_all;
+   if ((one || all) && codec_ok (codec)) {
+      h->how = one ? CQC_HIT_ONE : CQC_HIT_ALL;
+   }
 }
 
 void *
@@ -1365,9 +1507,9 @@ cqc_hit_discard (void *ctx)
 
 /* cqc_build, counted: built (its result or the decoder's error) or declined. */
 static PyObject *
-build_counted (const uint8_t *buf, size_t len, bool many, bool *declined)
+build_counted (const uint8_t *buf, size_t len, bool many, bool elements, bool *declined)
 {
-   PyObject *res = cqc_build (buf, len, many, declined);
+   PyObject *res = cqc_build (buf, len, many, elements, declined);
 
    g_built += res != NULL;
    g_declined += *declined;
@@ -1381,7 +1523,7 @@ cqc_hit_finish (cqc_hit_t *h)
    bool declined = true;
 
    if (h->how != CQC_HIT_DECODE && h->buf) {
-      res = build_counted (h->buf, h->len, h->how == CQC_HIT_ALL, &declined);
+      res = build_counted (h->buf, h->len, h->how == CQC_HIT_ALL, h->elements, &declined);
       bytes = declined ? PyBytes_FromStringAndSize ((const char *) h->buf, (Py_ssize_t) h->len)
                        : NULL;
    } else {
@@ -1425,7 +1567,8 @@ mod_decoded (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
       } else if (!view.readonly) {
          PyBuffer_Release (&view);
       } else {
-         res = build_counted (view.buf, (size_t) view.len, hit.how == CQC_HIT_ALL, &declined);
+         res = build_counted (view.buf, (size_t) view.len, hit.how == CQC_HIT_ALL, hit.elements,
+                              &declined);
          PyBuffer_Release (&view);
          if (!declined) {
             return res;
@@ -1441,20 +1584,20 @@ mod_decoded (PyObject *Py_UNUSED (m), PyObject *const *args, Py_ssize_t nargs)
 /* Private functions for the tests                                          */
 /* ======================================================================== */
 
-/* _build(data, many=False) -> the built object, or NotImplemented when the
- * builder declines these bytes. */
+/* _build(data, many=False, elements=False) -> the built object, or
+ * NotImplemented when the builder declines these bytes. */
 static PyObject *
 mod_build (PyObject *Py_UNUSED (m), PyObject *args)
 {
    Py_buffer view;
-   int many = 0;
+   int many = 0, elements = 0;
    bool declined;
    PyObject *res;
 
-   if (!PyArg_ParseTuple (args, "y*|p", &view, &many)) {
+   if (!PyArg_ParseTuple (args, "y*|pp", &view, &many, &elements)) {
       return NULL;
    }
-   res = cqc_build (view.buf, (size_t) view.len, many != 0, &declined);
+   res = cqc_build (view.buf, (size_t) view.len, many != 0, elements != 0, &declined);
    PyBuffer_Release (&view);
    return declined ? Py_NewRef (Py_NotImplemented) : res;
 }
@@ -1505,12 +1648,34 @@ mod_build_codec_ok (PyObject *Py_UNUSED (m), PyObject *codec)
    return PyBool_FromLong (ready () && codec_ok (codec));
 }
 
-PyMethodDef cqc_build_methods[] = {
+static PyMethodDef build_methods[] = {
    {"decoded", (PyCFunction) (void (*) (void)) mod_decoded, METH_FASTCALL,
     "decoded(data, decode, codec_options): a miss's copy, built as a hit's would be."},
-   {"_build", mod_build, METH_VARARGS, "_build(data, many=False): the builder's objects."},
+   {"decode_document", (PyCFunction) (void (*) (void)) mod_decode_document, METH_FASTCALL,
+    "decode_document(data, codec_options): one document, as a cursor's batch holds it."},
+   {"decode_documents", (PyCFunction) (void (*) (void)) mod_decode_documents, METH_FASTCALL,
+    "decode_documents(data, codec_options): documents laid end to end, as a batch's."},
+   {"_build", mod_build, METH_VARARGS,
+    "_build(data, many=False, elements=False): the builder's objects."},
    {"_build_hit", mod_build_hit, METH_VARARGS, "_build_hit(data, decode, codec): a hit's object."},
    {"_build_info", mod_build_info, METH_NOARGS, "_build_info(): the builder's fast paths."},
    {"_build_codec_ok", mod_build_codec_ok, METH_O, "_build_codec_ok(codec_options)."},
    {NULL, NULL, 0, NULL},
 };
+
+int
+cqc_build_add_functions (PyObject *m)
+{
+   if (PyModule_AddFunctions (m, build_methods) < 0) {
+      return -1;
+   }
+   /* Kept as long as the process: hits compare their decoder with them. */
+   if (!g_elements.one) {
+      g_elements.one = PyObject_GetAttrString (m, "decode_document");
+      g_elements.all = PyObject_GetAttrString (m, "decode_documents");
+   }
+   if (!g_elements.key) {
+      g_elements.key = PyUnicode_InternFromString ("");
+   }
+   return g_elements.one && g_elements.all && g_elements.key ? 0 : -1;
+}

@@ -27,9 +27,12 @@
  *     of its container before it is used, and nothing is read past the
  *     buffer it was given.
  *
- * Which hits are built: the caller's decoder must be bson._bson_to_dict
- * (one document) or bson._decode_all (a find or aggregate entry: a list of
- * documents), and its codec options equal to DEFAULT_CODEC_OPTIONS item by
+ * Which hits are built: the caller's decoder must be decode_document (a
+ * find_one's document) or decode_documents (a find or aggregate entry: a
+ * list of documents), which decode them as PyMongo's cursors do, as
+ * elements of a reply's batch, or bson._bson_to_dict (the entries of counts
+ * and distinct) or bson._decode_all, and its codec options equal to
+ * DEFAULT_CODEC_OPTIONS item by
  * item, with the same item types. That verdict is remembered per codec
  * options object (a collection keeps one for its lifetime), so it is taken
  * once per view. Any other decoder or codec options: the entry is copied
@@ -65,6 +68,7 @@ typedef struct {
    PyObject *decode; /* borrowed: the caller's decoder */
    PyObject *codec;  /* borrowed: the caller's codec options */
    cqc_hit_how_t how;
+   bool elements; /* decode is decode_document(s): documents of a batch */
    PyObject *bytes; /* CQC_HIT_DECODE: the copy */
    uint8_t *buf;    /* CQC_HIT_ONE, CQC_HIT_ALL: the copy */
    size_t len;
@@ -87,12 +91,15 @@ void cqc_hit_discard (void *ctx);
 PyObject *cqc_hit_finish (cqc_hit_t *h);
 
 /* Build the objects of `len` bytes of BSON: one document (many false) or a
- * list of the documents laid end to end (many true). Returns a new
+ * list of the documents laid end to end (many true), each as a top-level
+ * document (elements false, as bson._bson_to_dict and _decode_all decode
+ * them) or as an element of a reply's batch (elements true, as PyMongo's
+ * cursors decode them: a DBRef document becomes a DBRef). Returns a new
  * reference; NULL with *declined true and no exception set when the builder
  * does not take these bytes (the caller decodes them with PyMongo); NULL
  * with *declined false and an exception set when the builder is not
  * available or a BaseException that is not an Exception was raised. */
-PyObject *cqc_build (const uint8_t *buf, size_t len, bool many, bool *declined);
+PyObject *cqc_build (const uint8_t *buf, size_t len, bool many, bool elements, bool *declined);
 
 /* The 12 bytes of `oid`, an ObjectId, read from its slot as its `binary`
  * property returns them, without calling the property: a new reference;
@@ -101,10 +108,12 @@ PyObject *cqc_build (const uint8_t *buf, size_t len, bool many, bool *declined);
  * is unset. Does not set the builder up. */
 PyObject *cqc_build_objectid_bytes (PyObject *oid);
 
-/* The module's functions: _native.decoded (a miss's copy for its caller,
- * built as a hit's would be) and the private ones for tests (_native._build,
- * _build_hit, _build_info, _build_codec_ok); PyModule_AddFunctions takes
- * them. */
-extern PyMethodDef cqc_build_methods[];
+/* Add the module's functions to m: _native.decoded (a miss's copy for its
+ * caller, built as a hit's would be), _native.decode_document and
+ * decode_documents (documents decoded as PyMongo's cursors decode a batch's;
+ * hits and misses of find_one, find and aggregate use them) and the private
+ * ones for tests (_native._build, _build_hit, _build_info, _build_codec_ok).
+ * 0, or -1 with an exception. */
+int cqc_build_add_functions (PyObject *m);
 
 #endif

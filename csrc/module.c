@@ -1385,7 +1385,7 @@ PyInit__native (void)
        !g_empty_tuple || PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
        PyModule_AddObjectRef (m, "CoreBase", core_type) < 0 ||
        PyModule_AddObjectRef (m, "ViewBase", view_type) < 0 ||
-       PyModule_AddFunctions (m, cqc_build_methods) < 0 ||
+       cqc_build_add_functions (m) < 0 ||
        PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
        PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
        PyModule_AddObjectRef (m, "BEHIND", g_behind) < 0 ||

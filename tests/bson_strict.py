@@ -4,8 +4,10 @@
 treats ``1 == 1.0 == True``, ``Int64(1) == 1``, ``{"a": 1, "b": 2} ==
 {"b": 2, "a": 1}``, ``Binary(b"x", 0) == b"x"``, and a NaN is not equal to
 itself. ``strict_difference`` compares type, value and key order,
-recursively, and says where two objects first differ. The fuzz target of the
-builder (tests/fuzz/fuzz_build.c) imports it too.
+recursively, and says where two objects first differ. ``as_batch_elements``
+decodes documents as PyMongo's cursors do (as elements of a reply's batch),
+the reference of the cache's decode_document and decode_documents. The fuzz
+target of the builder (tests/fuzz/fuzz_build.c) imports both.
 """
 
 from __future__ import annotations
@@ -90,6 +92,30 @@ def _leaf_difference(a: Any, b: Any, path: str) -> str | None:
     if not same or (t is not float and repr(a) != repr(b)):
         return f"{path}: {a!r} != {b!r}"
     return None
+
+
+def as_batch_elements(data: bytes, codec_options: Any, many: bool) -> Any:
+    """The document of ``data`` (``many`` false) or the list of documents
+    laid end to end in it, decoded as PyMongo's cursor decodes a reply: each
+    one an element of the batch array of a document, here
+    ``{"b": [d0, d1, ...]}``. Bytes that are not documents laid end to end
+    go to PyMongo's top-level decoder (its error)."""
+    import bson
+
+    docs, pos = [], 0
+    while pos < len(data):
+        size = struct.unpack_from("<i", data, pos)[0] if len(data) - pos >= 5 else 0
+        if size < 5 or size > len(data) - pos:
+            break
+        docs.append(data[pos : pos + size])
+        pos += size
+    if pos != len(data) or (not many and len(docs) != 1):
+        return (bson._decode_all if many else bson._bson_to_dict)(data, codec_options)
+    array = b"".join(b"\x03" + str(i).encode() + b"\x00" + doc for i, doc in enumerate(docs))
+    array = struct.pack("<i", len(array) + 5) + array + b"\x00"
+    outer = b"\x04b\x00" + array
+    decoded = bson._bson_to_dict(struct.pack("<i", len(outer) + 5) + outer + b"\x00", codec_options)["b"]
+    return list(decoded) if many else decoded[0]
 
 
 def assert_strict_equal(a: Any, b: Any) -> None:

@@ -54,13 +54,17 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from client_query_cache import _native
-from client_query_cache._core.engine import NO_STAMP, decode_bson, decode_documents
+from client_query_cache._core.engine import NO_STAMP, decode_bson, decode_document, decode_documents
 
 # Hypothesis keeps files of its own even without an example database: in the
 # temporary directory, not in the checkout.
 set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "cqc-hypothesis"))
 
-from bson_strict import assert_strict_equal, strict_difference  # noqa: E402
+from bson_strict import as_batch_elements, assert_strict_equal, strict_difference  # noqa: E402
+
+#: PyMongo's top-level decoder of documents laid end to end (the cache's
+#: decode_documents decodes them as a cursor's batch elements).
+decode_all_top = bson._decode_all
 
 #: Examples per property (CQC_BUILDER_EXAMPLES to run more); the list
 #: properties, whose examples are several documents each, run a third.
@@ -267,6 +271,24 @@ def check_bytes(data: bytes) -> None:
         assert_strict_equal(built, want[1])
     assert_same_outcome(outcome(lambda: _native._build_hit(data, decode_bson, DEFAULT_CODEC_OPTIONS)), want)
     check_decoded(data, decode_bson)
+    check_elements(data, False)
+
+
+def check_elements(data: bytes, many: bool) -> None:
+    """The same bytes as a find_one's document (``many`` false) or a find's
+    documents, which the cache decodes as PyMongo's cursor does, as elements
+    of a reply's batch (bson_strict.as_batch_elements): decode_document(s),
+    the builder with elements set, a hit and a miss's copy all return or
+    raise what the cursor would."""
+    decode = decode_documents if many else decode_document
+    want = outcome(lambda: as_batch_elements(data, DEFAULT_CODEC_OPTIONS, many))
+    assert_same_outcome(outcome(lambda: decode(data, DEFAULT_CODEC_OPTIONS)), want)
+    built = _native._build(data, many, True)
+    if built is not NotImplemented:
+        assert want[0] == "returned", f"built what PyMongo's cursor refuses: {want}"
+        assert_strict_equal(built, want[1])
+    assert_same_outcome(outcome(lambda: _native._build_hit(data, decode, DEFAULT_CODEC_OPTIONS)), want)
+    check_decoded(data, decode)
 
 
 def check_decoded(data: bytes, decode: Any) -> None:
@@ -281,14 +303,15 @@ def check_decoded(data: bytes, decode: Any) -> None:
 
 def check_list(data: bytes) -> None:
     """The same for the entry of a find or aggregate: documents end to end."""
-    want = outcome(lambda: decode_documents(data, DEFAULT_CODEC_OPTIONS))
+    want = outcome(lambda: decode_all_top(data, DEFAULT_CODEC_OPTIONS))
     built = _native._build(data, True)
     if built is not NotImplemented:
         assert want[0] == "returned", f"built what PyMongo refuses: {want}"
         assert_strict_equal(built, want[1])
-    got = outcome(lambda: _native._build_hit(data, decode_documents, DEFAULT_CODEC_OPTIONS))
+    got = outcome(lambda: _native._build_hit(data, decode_all_top, DEFAULT_CODEC_OPTIONS))
     assert_same_outcome(got, want)
-    check_decoded(data, decode_documents)
+    check_decoded(data, decode_all_top)
+    check_elements(data, True)
 
 
 # -- the property tests ------------------------------------------------------------
@@ -300,6 +323,9 @@ def check_list(data: bytes) -> None:
 @example(data=document([(9, b"lo", i64(MILLIS_MIN)), (9, b"hi", i64(MILLIS_MAX)), (9, b"z", i64(-1))]))
 @example(data=document([(1, b"n", b"\x01\x00\x00\x00\x00\x00\xf8\x7f"), (1, b"z", struct.pack("<d", -0.0))]))
 @example(data=document([(3, b"r", document([(2, b"$ref", string(b"c")), (16, b"$id", i32(1)), (10, b"$db", b"")]))]))
+@example(data=document([(16, b"_id", i32(1)), (2, b"$ref", string(b"c")), (16, b"$id", i32(1))]))
+@example(data=document([(2, b"$ref", string(b"c")), (16, b"$id", i32(1)), (16, b"$db", i32(2))]))
+@example(data=document([(16, b"$ref", i32(1)), (16, b"$id", i32(1))]))
 def test_valid_documents_are_built_as_pymongo_decodes_them(data: bytes) -> None:
     want = bson.decode(data)
     built = _native._build(data)
@@ -311,6 +337,13 @@ def test_valid_documents_are_built_as_pymongo_decodes_them(data: bytes) -> None:
     before = _native._build_info()
     assert_strict_equal(_native.decoded(memoryview(data), decode_bson, DEFAULT_CODEC_OPTIONS), want)
     assert _native._build_info()["built"] == before["built"] + 1, "a miss's copy was not built"
+    # As a find_one's document: built too, as PyMongo's cursor decodes it.
+    want = as_batch_elements(data, DEFAULT_CODEC_OPTIONS, False)
+    built = _native._build(data, False, True)
+    assert built is not NotImplemented, "the builder declined a batch element PyMongo decodes"
+    assert_strict_equal(built, want)
+    assert_strict_equal(_native._build_hit(data, decode_document, DEFAULT_CODEC_OPTIONS), want)
+    assert_strict_equal(_native.decoded(data, decode_document, DEFAULT_CODEC_OPTIONS), want)
 
 
 @LIST_PROPERTY
@@ -321,6 +354,10 @@ def test_valid_lists_are_built_as_pymongo_decodes_them(docs: list[bytes]) -> Non
     built = _native._build(data, True)
     assert built is not NotImplemented
     assert_strict_equal(built, want)
+    assert_strict_equal(_native._build_hit(data, decode_all_top, DEFAULT_CODEC_OPTIONS), want)
+    assert_strict_equal(_native.decoded(data, decode_all_top, DEFAULT_CODEC_OPTIONS), want)
+    want = as_batch_elements(data, DEFAULT_CODEC_OPTIONS, True)
+    assert_strict_equal(_native._build(data, True, True), want)
     assert_strict_equal(_native._build_hit(data, decode_documents, DEFAULT_CODEC_OPTIONS), want)
     assert_strict_equal(_native.decoded(data, decode_documents, DEFAULT_CODEC_OPTIONS), want)
 

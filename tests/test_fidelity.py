@@ -18,10 +18,16 @@ from typing import Any
 
 import bson
 import pytest
+from bson.codec_options import CodecOptions, TypeDecoder, TypeRegistry
+from bson.dbref import DBRef
+from bson.decimal128 import Decimal128
+from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
+from bson.son import SON
 from pymongo.errors import InvalidOperation
 from pymongo.read_preferences import ReadPreference
 
+from bson_strict import strict_difference
 from support import async_outcome, outcome, ready_collection, served
 
 DOCS = [{"_id": i, "a": i % 3, "s": f"s{i:02d}"} for i in range(12)]
@@ -52,10 +58,10 @@ class Items:
             await self.d.served(self.cache, lambda: self.d.r(read(self.view)))
         return self.bypassed if mode == "bypassed" else self.view
 
-    def check_mode(self, mode: str, before: tuple[int, int, int]) -> None:
+    def check_mode(self, mode: str, before: tuple[int, int, int], what: Any = None) -> None:
         """The reads since ``before`` (from ``counts()``) were served in ``mode``."""
         hits, misses, bypasses = (now - then for now, then in zip(self.counts(), before))
-        assert {"cold": misses, "warm": hits, "bypassed": bypasses}[mode] >= 1, (mode, hits, misses, bypasses)
+        assert {"cold": misses, "warm": hits, "bypassed": bypasses}[mode] >= 1, (mode, hits, misses, bypasses, what)
 
 
 @pytest.fixture
@@ -375,3 +381,102 @@ async def test_an_omitted_skip_or_limit_and_zero_share_one_entry(d, items):
         assert await call(d, items.view, method, args, zeros) == await call(d, items.raw, method, args, zeros)
         assert items.cache.snapshot().hits == hits + 1, (method, zeros)
         assert items.cache.snapshot().entries == entries
+
+
+# == documents as PyMongo's cursors decode them ==========================================
+
+#: Stored documents whose type depends on how a read decodes them. PyMongo's
+#: cursors decode each document of a reply as an element of its batch array,
+#: where "$ref" and "$id" make a DBRef (its "$ref" a str, its "$db" absent or
+#: a str); a top-level decoder (bson.decode) leaves them documents.
+REF_DOCS = [
+    {"_id": 100, "$ref": "items", "$id": 1},
+    {"_id": 101, "$ref": "items", "$id": 2, "$db": "other", "x": [1]},
+    {"_id": 102, "$ref": 5, "$id": 1},
+    {"_id": 103, "$ref": "items", "$id": 1, "$db": 7},
+]
+
+
+def document_reads(d: Any, i: int | None) -> list[tuple[str, Callable[[Any], Any]]]:
+    """find_one, find and aggregate of the document ``{"_id": i}`` as reads
+    for view_for; for ``i`` None, a find of REF_DOCS and DECIMAL_DOCS."""
+    if i is None:
+        return [("find of all", lambda coll: all_docs(d, coll.find({"_id": {"$gte": 100}}, sort=[("_id", 1)])))]
+
+    async def aggregate(coll: Any) -> list[Any]:
+        return await all_docs(d, await d.r(coll.aggregate([{"$match": {"_id": i}}])))
+
+    return [
+        ("find_one", lambda coll: d.r(coll.find_one({"_id": i}))),
+        ("find_one by filter", lambda coll: d.r(coll.find_one({"_id": i, "$comment": "by filter"}))),
+        ("find", lambda coll: all_docs(d, coll.find({"_id": i}))),
+        ("aggregate", aggregate),
+    ]
+
+
+DECIMAL_DOCS = [{"_id": 200, "d": Decimal128("1.5")}, {"_id": 201, "n": {"d": Decimal128("2")}}]
+
+
+@pytest.fixture
+async def odd_items(d, client, db_name) -> Items:
+    """Items seeded with REF_DOCS and DECIMAL_DOCS too, before the manager."""
+    client[db_name]["items"].insert_many(DOCS + REF_DOCS + DECIMAL_DOCS)
+    mongo = d.client()
+    cache = d.manager(mongo)
+    return Items(d, cache, await d.ready(cache, db_name), mongo[db_name]["items"])
+
+
+@pytest.mark.parametrize("document_class", [dict, SON], ids=["dict", "SON"])
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_document_with_ref_and_id_is_what_pymongo_returns(d, odd_items, mode, document_class):
+    # The type of a result must not depend on whether the cache served it:
+    # a DBRef where PyMongo returns one, a document where it returns one.
+    items = odd_items
+    codec = CodecOptions(document_class=document_class)
+    items.view = items.view.with_options(codec_options=codec)
+    items.bypassed = items.bypassed.with_options(codec_options=codec)
+    raw = items.raw.with_options(codec_options=codec)
+    for i in [doc["_id"] for doc in REF_DOCS] + [None]:
+        for what, read in document_reads(d, i):
+            view = await items.view_for(mode, read)
+            before = items.counts()
+            got = await read(view)
+            items.check_mode(mode, before, (what, i))
+            want = await read(raw)
+            assert type(got) is type(want) and repr(got) == repr(want), (what, i, got, want)
+            if document_class is dict:
+                assert strict_difference(got, want) is None, (what, i, got, want)
+    dbref = await d.r(items.view.find_one({"_id": 100}))
+    assert type(dbref) is DBRef and dbref == DBRef("items", 1, _id=100)
+
+
+class _RefusesDecimals(TypeDecoder):
+    """A TypeRegistry decoder that raises on every Decimal128."""
+
+    bson_type = Decimal128
+
+    def transform_bson(self, value: Any) -> Any:
+        raise ValueError(f"refused: {value}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_type_decoder_s_error_is_raised_as_pymongo_raises_it(d, odd_items, mode):
+    # On a top-level field as on a nested one, PyMongo's cursors raise
+    # InvalidBSON with the decoder's message (the document is an element of
+    # the reply's batch); so do the cache's miss and hit.
+    items = odd_items
+    codec = CodecOptions(type_registry=TypeRegistry([_RefusesDecimals()]))
+    raw = items.raw.with_options(codec_options=codec)
+    refusing = items.view.with_options(codec_options=codec)
+    for i in (200, 201):
+        for what, read in document_reads(d, i):
+            # Warmed through the default codec options: the same entry.
+            view = await items.view_for(mode, read)
+            view = refusing if mode != "bypassed" else view.with_options(codec_options=codec)
+            before = items.counts()
+            with pytest.raises(InvalidBSON) as ours:
+                await read(view)
+            items.check_mode(mode, before)
+            with pytest.raises(InvalidBSON) as theirs:
+                await read(raw)
+            assert str(ours.value) == str(theirs.value) == ("refused: 1.5" if i == 200 else "refused: 2"), what

@@ -159,9 +159,9 @@ class Cache:
         /,
     ) -> Any:
         """``decode(bytes, codec_options)`` of the entry (built by csrc/build.c
-        when ``decode`` is ``bson._bson_to_dict`` or ``bson._decode_all`` and
-        ``codec_options`` are the defaults), None, MISS, UNHEALTHY or
-        BEHIND."""
+        when ``decode`` is ``decode_document``, ``decode_documents``,
+        ``bson._bson_to_dict`` or ``bson._decode_all`` and ``codec_options``
+        are the defaults), None, MISS, UNHEALTHY or BEHIND."""
 
     def capture(self, ns_idx: int, filter: Buffer, /) -> bytes | None:
         """The admission token, or None when the stream does not serve."""
@@ -324,6 +324,19 @@ def after_blocks(var: Any, /) -> None:
     ``CoreBase.fast_find_one`` reads it, and leaves a read whose token the
     stream does not cover to the path that bypasses."""
 
+def decode_document(data: Buffer, codec_options: Any, /) -> Any:
+    """The document of ``data`` decoded as PyMongo's cursors decode a
+    reply's batch, as an element of its array: a document with ``$ref`` and
+    ``$id`` (a str ``$ref``, an absent or str ``$db``) becomes a DBRef, and
+    an exception of a TypeRegistry decoder becomes InvalidBSON with its
+    message. Bytes that are not one document go to ``bson._bson_to_dict``
+    (its error)."""
+
+def decode_documents(data: Buffer, codec_options: Any, /) -> list[Any]:
+    """``decode_document`` of each document laid end to end in ``data``, as a
+    list (bytes that are not documents end to end go to
+    ``bson._decode_all``)."""
+
 def decoded(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
     """``decode(data, codec_options)``'s result, built by the document
     builder where a hit with this decoder and these codec options would be
@@ -331,9 +344,11 @@ def decoded(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: An
 
 # The document builder's private functions (csrc/build.c), for tests.
 
-def _build(data: Buffer, many: bool = ..., /) -> Any:
+def _build(data: Buffer, many: bool = ..., elements: bool = ..., /) -> Any:
     """The builder's objects of ``data`` (one document, or a list of the
-    documents end to end), or NotImplemented when it declines them."""
+    documents end to end; as top-level documents, or with ``elements`` as
+    ``decode_document`` decodes them), or NotImplemented when it declines
+    them."""
 
 def _build_hit(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
     """What a hit whose entry is ``data`` returns with this decoder."""

@@ -5,6 +5,9 @@
  * Input: one byte of mode, then the entry's bytes.
  *   mode & 1   one document (as bson._bson_to_dict reads it), else a list
  *              of documents end to end (as bson._decode_all)
+ *   mode & 2   as elements of a reply's batch, as PyMongo's cursors decode
+ *              documents (the cache's decode_document and decode_documents,
+ *              against tests/bson_strict.py's as_batch_elements)
  *
  * Per input, with the entry copied into a buffer of exactly its size (so
  * that ASan sees any read past it):
@@ -19,8 +22,9 @@
  *
  * Set-up (once): PYTHONMALLOC=malloc (every object allocation goes through
  * ASan), the interpreter started, bson and bson_strict imported (.ci/fuzz
- * puts the environment's site-packages and tests/ on PYTHONPATH), and the
- * builder checked to be ready with its fast paths on.
+ * puts the environment's site-packages and tests/ on PYTHONPATH), the
+ * builder's functions added to a module of their own, and the builder
+ * checked to be ready with its fast paths on.
  */
 #include "build.h"
 
@@ -42,7 +46,8 @@
       }                                                                       \
    } while (0)
 
-static PyObject *g_decode_one, *g_decode_all, *g_codec, *g_difference;
+static PyObject *g_decode_one, *g_decode_all, *g_codec, *g_difference, *g_batch;
+static PyObject *g_doc_one, *g_doc_all; /* the module's decode_document(s) */
 
 static PyObject *
 attr_of (const char *module, const char *name)
@@ -57,8 +62,7 @@ attr_of (const char *module, const char *name)
 int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
-   PyObject *info, *v;
-   PyMethodDef *m;
+   PyObject *info, *v, *mod;
    (void) argc;
    (void) argv;
 
@@ -69,11 +73,13 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
    g_decode_all = attr_of ("bson", "_decode_all");
    g_codec = attr_of ("bson.codec_options", "DEFAULT_CODEC_OPTIONS");
    g_difference = attr_of ("bson_strict", "strict_difference");
-   /* _native._build_info(), from the builder's own method table. */
-   for (m = cqc_build_methods; m->ml_name && strcmp (m->ml_name, "_build_info") != 0; m++) {
-   }
-   FUZZ_CHECK (m->ml_name, "no _build_info");
-   info = m->ml_meth (NULL, NULL);
+   g_batch = attr_of ("bson_strict", "as_batch_elements");
+   mod = PyModule_New ("fuzz_native");
+   FUZZ_CHECK (mod && cqc_build_add_functions (mod) == 0, "cannot add the builder's functions");
+   g_doc_one = PyObject_GetAttrString (mod, "decode_document");
+   g_doc_all = PyObject_GetAttrString (mod, "decode_documents");
+   FUZZ_CHECK (g_doc_one && g_doc_all, "no decode_document(s)");
+   info = PyObject_CallMethod (mod, "_build_info", NULL);
    FUZZ_CHECK (info, "_build_info failed");
    v = PyDict_GetItemString (info, "ready");
    FUZZ_CHECK (v == Py_True, "the builder is not ready");
@@ -134,7 +140,7 @@ check_same_error (PyObject *a, PyObject *b)
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
-   bool one, declined;
+   bool one, elements, declined;
    uint8_t *buf;
    size_t n;
    PyObject *decode, *bytes, *want, *want_exc, *built, *hit, *hit_exc;
@@ -145,17 +151,20 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       return 0;
    }
    one = data[0] & 1;
+   elements = (data[0] & 2) != 0;
    n = size - 1;
    buf = malloc (n ? n : 1);
    FUZZ_CHECK (buf, "out of memory");
    memcpy (buf, data + 1, n);
-   decode = one ? g_decode_one : g_decode_all;
+   decode = elements ? (one ? g_doc_one : g_doc_all) : one ? g_decode_one : g_decode_all;
 
    bytes = PyBytes_FromStringAndSize ((const char *) buf, (Py_ssize_t) n);
    FUZZ_CHECK (bytes, "bytes");
-   want = taken (PyObject_CallFunctionObjArgs (decode, bytes, g_codec, NULL), &want_exc);
+   want = elements ? PyObject_CallFunctionObjArgs (g_batch, bytes, g_codec, one ? Py_False : Py_True, NULL)
+                   : PyObject_CallFunctionObjArgs (decode, bytes, g_codec, NULL);
+   want = taken (want, &want_exc);
 
-   built = cqc_build (buf, n, !one, &declined);
+   built = cqc_build (buf, n, !one, elements, &declined);
    FUZZ_CHECK (built || declined, "cqc_build raised instead of declining");
    FUZZ_CHECK (!PyErr_Occurred (), "cqc_build left an exception set");
    if (built) {

@@ -32,7 +32,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from .. import _native
-from .classify import KIND_FIND, ReadPlan, written_databases
+from .classify import KIND_FIND, KIND_FIND_ONE, ReadPlan, written_databases
 from .config import CacheConfig, check_stream_scope
 from .errors import CacheClosedError, CacheForkedError
 from .reasons import BypassReason, RejectReason, StreamState
@@ -42,7 +42,7 @@ from .trust import platform_trust
 from .uri import crl_file_in
 
 __all__ = [
-    "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_documents", "MISS", "UNHEALTHY",
+    "Engine", "NamespaceHandle", "Hooks", "decode_bson", "decode_document", "decode_documents", "MISS", "UNHEALTHY",
     "BEHIND", "Stamp", "NO_STAMP",
 ]  # fmt: skip
 
@@ -52,11 +52,18 @@ BEHIND = _native.BEHIND
 #: Seconds before a namespace the owner could not register is tried again.
 RETRY_S = 1.0
 
-#: The cheapest way to build a document from BSON bytes with given codec
-#: options: PyMongo's C decoder, without bson.decode's argument checks.
+#: The cheapest way to build a top-level document from BSON bytes with given
+#: codec options: PyMongo's C decoder, without bson.decode's argument checks.
+#: The entries of count_documents, estimated_document_count and distinct
+#: ({"n": count}, {"v": values}) are decoded with it.
 decode_bson: Callable[[Any, Any], Any] = getattr(bson, "_bson_to_dict", bson.decode)
-#: The same for a sequence of documents (a find or aggregate entry): a list.
-decode_documents: Callable[[Any, Any], list[Any]] = getattr(bson, "_decode_all", bson.decode_all)
+#: A find_one's document, and the documents of a find or aggregate (laid end
+#: to end; a list), decoded as PyMongo's cursors decode a reply's batch: as
+#: array elements, where a document with "$ref" and "$id" becomes a DBRef
+#: and a TypeRegistry decoder's exception becomes InvalidBSON. The cache's
+#: results are those of the read it serves, miss or hit.
+decode_document: Callable[[Any, Any], Any] = _native.decode_document
+decode_documents: Callable[[Any, Any], list[Any]] = _native.decode_documents
 
 def unique_field_sets(indexes: Any) -> frozenset[frozenset[str]]:
     """The field sets of the unique indexes whose equality match finds at
@@ -186,7 +193,7 @@ class Engine:
         self._pid = os.getpid()
         #: What every native cache of this engine decodes with and raises.
         self._reader = dict(
-            decode=decode_bson,
+            decode=decode_document,
             objectid_type=ObjectId,
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
@@ -627,7 +634,9 @@ class Engine:
         rest = plan.rest if rest is None else rest
         if kind >= KIND_FIND:
             return native.lookup(ns.ns_idx, ns.db_idx, kind, plan.filter_bytes, rest, codec_options, decode_documents)
-        return native.lookup(ns.ns_idx, ns.db_idx, kind, plan.filter_bytes, rest, codec_options)
+        if kind == KIND_FIND_ONE:
+            return native.lookup(ns.ns_idx, ns.db_idx, kind, plan.filter_bytes, rest, codec_options)
+        return native.lookup(ns.ns_idx, ns.db_idx, kind, plan.filter_bytes, rest, codec_options, decode_bson)
 
     def lookup_limited(self, ns: NamespaceHandle, plan: ReadPlan, codec_options: Any) -> Any:
         """``lookup`` for a ``find`` with a positive limit: its own entry, else

@@ -55,7 +55,7 @@ from .classify import (
 )
 from .causal import BLOCKS, after_floor
 from .._native import CoreBase, decoded
-from .engine import BEHIND, MISS, UNHEALTHY, Engine, decode_bson
+from .engine import BEHIND, MISS, UNHEALTHY, Engine, decode_bson, decode_document
 from .errors import CacheClosedError
 from .reasons import BypassReason
 from .validate import check_aggregate, check_collation, check_find, check_find_one
@@ -385,7 +385,7 @@ class CollectionCore(CoreBase):
         if value is None:
             return None
         if kind == KIND_FIND_ONE:
-            return decoded(value, decode_bson, self.codec)
+            return decoded(value, decode_document, self.codec)
         if kind == KIND_DISTINCT:
             return _hit_value(plan, decode_bson(value, self.codec))
         return result
