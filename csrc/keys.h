@@ -1,7 +1,7 @@
 /*
  * keys.h - hashing of cache keys and canonical hashing of _id values.
  *
- * A cache key is opaque bytes built by the caller (module.c): a kind byte,
+ * A cache key is opaque bytes built by the caller (the binding): a kind byte,
  * the namespace index, the filter's BSON and the rest of the read's shape.
  * Two reads share an entry only when their keys are byte-equal.
  *
@@ -52,7 +52,7 @@ bool cqc_filter_identity (const uint8_t *filter, size_t len, uint64_t *id_hash);
  *
  * `kind` says which read made it (find_one, find, count, ...), `rest` is the
  * remainder of the read's shape (projection, options), already canonical and
- * encoded by the caller. The identity fast path (module.c's core_try_hit, which
+ * encoded by the caller. The identity fast path (read.c's core_try_hit, which
  * encodes {"_id": v} itself with cqc_id_filter_*) and the general path (the
  * filter encoded by PyMongo) build the same bytes for the same read.
  * cqc_key_write writes CQC_KEY_FIXED + flen + rlen bytes to out. */

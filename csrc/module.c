@@ -11,178 +11,26 @@
  * (owner.c), workers' rings (ring.c) and the shared files (shm.c).
  *
  * Three types. Cache, made by one of three constructors: Cache.local,
- * Cache.owner and Cache.worker (cache.h says what each is). CoreBase and
- * ViewBase, the C bases of the facades' CollectionCore and CollectionBase:
- * the find_one fast path, which answers a hit without running Python code.
+ * Cache.owner and Cache.worker (cache.h says what each is); its lookups are
+ * read.c's. CoreBase and ViewBase (read.c), the C bases of the facades'
+ * CollectionCore and CollectionBase: the find_one fast path, which answers
+ * a hit without running Python code. binding.h has what the two files
+ * share.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-
-#include "build.h"
-#include "cache.h"
+#include "binding.h"
 
 #include <limits.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/prctl.h>
 
-#define FAST_STR_MAX 256
-
-/* Sentinels returned by lookups, compared by identity in Python. */
-static PyObject *g_miss;      /* no valid entry: read MongoDB and admit */
-static PyObject *g_unhealthy; /* the database's stream does not serve */
-static PyObject *g_behind;    /* the applied time is behind the causal floor */
-
 /* Bumped in a child after fork(): a Cache from before refuses to work. */
-static volatile uint64_t g_fork_gen;
+volatile uint64_t cqc_fork_gen;
 
 static void
 on_fork_child (void)
 {
-   g_fork_gen++;
-}
-
-/* The context variable of after() tokens (causal.py), once a block was
- * entered in this process (NULL before): from then on the fast path reads
- * it on every read, as a task created inside a block carries the token
- * after the block has closed, and leaves a read whose token the stream does
- * not cover to the path that bypasses. Set and read with the GIL held. */
-static PyObject *g_after_var;
-
-typedef struct {
-   PyObject_HEAD
-   cqc_cache_t c;
-   PyObject *decode;        /* decode(bytes, codec_options) (build.h); NULL for an owner */
-   PyObject *objectid_type; /* bson.objectid.ObjectId; NULL for an owner */
-   PyObject *forked_error;  /* raised when used after fork() */
-   PyObject *closed_error;  /* raised when used after close() */
-   uint64_t fork_gen;
-   bool closed;
-} CacheObject;
-
-/* ======================================================================== */
-/* Arguments and errors                                                     */
-/* ======================================================================== */
-
-/* What a call needs of its cache, besides coming from the process that made
- * it: to read (a local cache or a worker, not an owner), or to tolerate
- * close() (reports). */
-enum { USE = 0, USE_READS = 1, USE_CLOSED = 2 };
-
-static bool
-check_usable (CacheObject *self, int use)
-{
-   if (self->fork_gen != g_fork_gen) {
-      PyErr_SetString (self->forked_error,
-                       "this cache was created before fork(); create a new CacheManager in "
-                       "the child process");
-   } else if (self->closed && !(use & USE_CLOSED)) {
-      PyErr_SetString (self->closed_error, "the cache manager is closed");
-   } else if ((use & USE_READS) && self->c.mode == CQC_MODE_OWNER) {
-      PyErr_SetString (PyExc_RuntimeError, "an owner serves no reads");
-   } else {
-      return true;
-   }
-   return false;
-}
-
-static bool
-parse_idx (PyObject *o, uint32_t *out, uint32_t limit, const char *what)
-{
-   unsigned long v = PyLong_AsUnsignedLong (o);
-   if (v == (unsigned long) -1 && PyErr_Occurred ()) {
-      return false;
-   }
-   if (v >= limit) {
-      PyErr_Format (PyExc_ValueError, "%s out of range", what);
-      return false;
-   }
-   *out = (uint32_t) v;
-   return true;
-}
-
-#define PARSE_NS(o, out) parse_idx ((o), (out), self->c.arena.geo.ns_count, "ns_idx")
-#define PARSE_DB(o, out) parse_idx ((o), (out), self->c.arena.geo.db_count, "db_idx")
-
-static bool
-parse_u64 (PyObject *o, uint64_t *out)
-{
-   unsigned long long v = PyLong_AsUnsignedLongLong (o);
-   if (v == (unsigned long long) -1 && PyErr_Occurred ()) {
-      return false;
-   }
-   *out = (uint64_t) v;
-   return true;
-}
-
-static bool
-get_buffer (PyObject *o, Py_buffer *view, const char *what)
-{
-   if (PyObject_GetBuffer (o, view, PyBUF_SIMPLE) != 0) {
-      return false;
-   }
-   if (view->len > 0x7fffffff) {
-      PyBuffer_Release (view);
-      PyErr_Format (PyExc_ValueError, "%s too large", what);
-      return false;
-   }
-   return true;
-}
-
-static void
-release_buffers (Py_buffer *views, size_t n)
-{
-   size_t i;
-   for (i = 0; i < n; i++) {
-      if (views[i].obj) {
-         PyBuffer_Release (&views[i]);
-      }
-   }
-}
-
-static bool
-check_args (Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi, const char *name)
-{
-   if (nargs < lo || nargs > hi) {
-      PyErr_Format (PyExc_TypeError, "%s takes %zd to %zd arguments", name, lo, hi);
-      return false;
-   }
-   return true;
-}
-
-static void
-set_error (const cqc_error_t *e)
-{
-   PyObject *type[] = {PyExc_ValueError,   PyExc_ValueError,   PyExc_PermissionError,
-                       PyExc_OSError,      PyExc_RuntimeError, PyExc_MemoryError};
-   if (e->kind == CQC_ERR_OS) {
-      errno = e->errnum;
-      PyErr_SetFromErrnoWithFilename (PyExc_OSError, e->path);
-   } else {
-      PyErr_SetString (type[(unsigned) e->kind < 6 ? e->kind : 0], e->msg);
-   }
-}
-
-static bool
-check_decode (PyObject *decode)
-{
-   if (!PyCallable_Check (decode)) {
-      PyErr_SetString (PyExc_TypeError, "decode must be callable");
-      return false;
-   }
-   return true;
-}
-
-static bool
-set_key_error (cqc_key_status_t st)
-{
-   if (st == CQC_KEY_TOO_LARGE) {
-      PyErr_SetString (PyExc_ValueError, "cache key too large");
-   } else if (st == CQC_KEY_NO_MEMORY) {
-      PyErr_NoMemory ();
-   }
-   return st == CQC_KEY_OK;
+   cqc_fork_gen++;
 }
 
 /* ======================================================================== */
@@ -205,7 +53,7 @@ cache_make (PyObject *cls, cqc_mode_t mode, const cqc_cache_config_t *cfg, PyObj
    if (!(self = (CacheObject *) alloc ((PyTypeObject *) cls, 0))) {
       return NULL;
    }
-   self->fork_gen = g_fork_gen;
+   self->fork_gen = cqc_fork_gen;
    self->decode = Py_XNewRef (decode);
    self->objectid_type = Py_XNewRef (oid);
    self->closed_error = Py_NewRef (closed_error);
@@ -292,7 +140,7 @@ Cache_dealloc (CacheObject *self)
    freefunc tp_free = (freefunc) PyType_GetSlot (tp, Py_tp_free);
    /* In a forked child the threads do not exist and the locks may be held
     * by one of them in the parent's image: leave them alone. */
-   bool threads = self->fork_gen == g_fork_gen;
+   bool threads = self->fork_gen == cqc_fork_gen;
 
    Py_BEGIN_ALLOW_THREADS
    cqc_cache_release (&self->c, threads);
@@ -316,7 +164,7 @@ static PyObject *
 Cache_close (CacheObject *self, PyObject *Py_UNUSED (ignored))
 {
    /* After fork(), nothing of the parent's threads exists here. */
-   bool stop = !self->closed && self->fork_gen == g_fork_gen;
+   bool stop = !self->closed && self->fork_gen == cqc_fork_gen;
 
    self->closed = true;
    if (stop) {
@@ -334,192 +182,8 @@ Cache_closed (CacheObject *self, void *Py_UNUSED (closure))
 }
 
 /* ======================================================================== */
-/* Lookups, capture and admission                                           */
+/* Capture and admission (lookups: read.c)                                  */
 /* ======================================================================== */
-
-/* Build the key (keys.h) and look it up; returns a new reference (the
- * entry as decode(bytes, codec_options) makes it, built by build.c when it
- * can be, None, or a sentinel) or NULL with an exception. */
-static PyObject *
-lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
-            const uint8_t *filter, uint32_t flen, const uint8_t *rest, uint32_t rlen,
-            PyObject *codec_options, PyObject *decode)
-{
-   cqc_served_t served;
-   cqc_key_t k;
-   cqc_hit_t hit;
-
-   if (!set_key_error (cqc_key_build (&k, kind, ns_idx, filter, flen, rest, rlen))) {
-      return NULL;
-   }
-   cqc_hit_begin (&hit, decode, codec_options);
-   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, cqc_hit_alloc, cqc_hit_discard,
-                              &hit);
-   cqc_key_free (&k);
-   if (served != CQC_SERVE_HIT) {
-      PyObject *answer[] = {[CQC_SERVE_NOT_FOUND] = Py_None, [CQC_SERVE_MISS] = g_miss,
-                            [CQC_SERVE_UNHEALTHY] = g_unhealthy, [CQC_SERVE_BEHIND] = g_behind};
-      return Py_NewRef (answer[served]);
-   }
-   return cqc_hit_finish (&hit);
-}
-
-/* Whether the after() token of the current context (g_after_var's value:
- * (cluster time, monotonic ns), or (0, 0) outside any block) is covered by
- * the database's stream: 1, 0, or -1 with an exception. */
-static int
-after_covers (CacheObject *cache, uint32_t db_idx)
-{
-   PyObject *tok = PyObject_CallMethod (g_after_var, "get", NULL);
-   unsigned long long ts = 0, ns = 0;
-   cqc_covered_t cov;
-   int ok;
-
-   if (!tok) {
-      return -1;
-   }
-   ok = PyArg_ParseTuple (tok, "KK", &ts, &ns);
-   Py_DECREF (tok);
-   if (!ok) {
-      return -1;
-   }
-   if (!ts) {
-      return 1;
-   }
-   cqc_floor_covered (&cache->c.arena, db_idx, &cov);
-   return cqc_floor_covers (&cache->c.floor, &cov, ts, ns) ? 1 : 0;
-}
-
-/* {"_id": v} for the values the fast path takes (keys.h): the BSON length,
- * 0 when it does not take v (no exception set), or -1 with an exception. */
-static Py_ssize_t
-id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
-{
-   if (PyLong_CheckExact (v)) {
-      int overflow = 0;
-      long long x = PyLong_AsLongLongAndOverflow (v, &overflow);
-      if (overflow || (x == -1 && PyErr_Occurred ())) {
-         PyErr_Clear ();
-         return 0; /* let PyMongo say what it thinks of this number */
-      }
-      return cqc_id_filter_int (out, cap, x);
-   }
-   if (PyUnicode_CheckExact (v)) {
-      Py_ssize_t n;
-      const char *s = PyUnicode_AsUTF8AndSize (v, &n);
-      if (!s) {
-         PyErr_Clear ();
-         return 0;
-      }
-      return cqc_id_filter_str (out, cap, s, (size_t) n);
-   }
-   if (Py_TYPE (v) == (PyTypeObject *) self->objectid_type) {
-      PyObject *bin = cqc_build_objectid_bytes (v);
-      Py_ssize_t n = 0;
-      if (!bin && (PyErr_Occurred () || !(bin = PyObject_GetAttrString (v, "binary")))) {
-         return -1;
-      }
-      if (PyBytes_Check (bin) && PyBytes_Size (bin) == 12) {
-         n = cqc_id_filter_oid (out, cap, (const uint8_t *) PyBytes_AsString (bin));
-      }
-      Py_DECREF (bin);
-      return n;
-   }
-   return 0;
-}
-
-/* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options[, decode]):
- * decode(bytes, codec_options) builds the result of a hit; the cache's
- * decode (one document) when omitted. */
-static PyObject *
-Cache_lookup (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-   uint32_t ns_idx, db_idx, kind;
-   Py_buffer b[2] = {{0}}; /* filter, rest */
-   PyObject *res = NULL;
-
-   if (!check_args (nargs, 6, 7, "lookup") || (nargs == 7 && !check_decode (args[6])) ||
-       !check_usable (self, USE_READS) || !PARSE_NS (args[0], &ns_idx) ||
-       !PARSE_DB (args[1], &db_idx) || !parse_idx (args[2], &kind, 256, "kind")) {
-      return NULL;
-   }
-   if (get_buffer (args[3], &b[0], "filter") && get_buffer (args[4], &b[1], "rest")) {
-      res = lookup_key (self, ns_idx, db_idx, (uint8_t) kind, b[0].buf, (uint32_t) b[0].len,
-                        b[1].buf, (uint32_t) b[1].len, args[5],
-                        nargs == 7 ? args[6] : self->decode);
-   }
-   release_buffers (b, 2);
-   return res;
-}
-
-/* A private copy for peek: malloc'd, freed by the caller. */
-typedef struct {
-   uint8_t *buf;
-   size_t len;
-} peek_copy_t;
-
-static void *
-peek_alloc (void *ctx, size_t len)
-{
-   peek_copy_t *p = ctx;
-
-   p->len = len;
-   return p->buf = malloc (len ? len : 1);
-}
-
-static void
-peek_discard (void *ctx)
-{
-   peek_copy_t *p = ctx;
-
-   free (p->buf);
-   p->buf = NULL;
-}
-
-/* peek(ns_idx, kind, filter_bson, rest) -> (value, end_ns, end_ts, read_id)
- * of the valid entry under the key whatever the causal floor says (value:
- * its bytes, None for a cached "not found"), or None: what a read the floor
- * refused would have been served (floor.h; its miss compares its result
- * with it). Counts nothing. */
-static PyObject *
-Cache_peek (CacheObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-   uint32_t ns_idx, kind, cell;
-   Py_buffer b[2] = {{0}}; /* filter, rest */
-   PyObject *res = NULL;
-   cqc_key_t k;
-   cqc_stamp_t stamp;
-   peek_copy_t copy = {NULL, 0};
-   cqc_lookup_t r;
-
-   if (!check_args (nargs, 4, 4, "peek") || !check_usable (self, USE_READS) ||
-       !PARSE_NS (args[0], &ns_idx) || !parse_idx (args[1], &kind, 256, "kind")) {
-      return NULL;
-   }
-   if (!get_buffer (args[2], &b[0], "filter") || !get_buffer (args[3], &b[1], "rest") ||
-       !set_key_error (cqc_key_build (&k, (uint8_t) kind, ns_idx, b[0].buf, (uint32_t) b[0].len,
-                                      b[1].buf, (uint32_t) b[1].len))) {
-      goto cleanup;
-   }
-   r = cqc_arena_r_lookup_stamped (&self->c.arena, ns_idx, cqc_hash_bytes (k.buf, k.len, 0), k.buf,
-                                   k.len, peek_alloc, peek_discard, &copy, &stamp, &cell);
-   cqc_key_free (&k);
-   if (r == CQC_LOOKUP_MISS || (r == CQC_LOOKUP_HIT && !copy.buf)) {
-      res = Py_NewRef (Py_None);
-   } else {
-      PyObject *value = r == CQC_LOOKUP_HIT
-                           ? PyBytes_FromStringAndSize ((const char *) copy.buf, (Py_ssize_t) copy.len)
-                           : Py_NewRef (Py_None);
-      if (value) {
-         res = Py_BuildValue ("(NKKK)", value, (unsigned long long) stamp.end_ns,
-                              (unsigned long long) stamp.end_ts, (unsigned long long) stamp.read_id);
-      }
-   }
-   free (copy.buf);
-cleanup:
-   release_buffers (b, 2);
-   return res;
-}
 
 /* capture(ns_idx, filter_bson) -> token bytes, or None if the stream does
  * not serve (the caller then bypasses). */
@@ -905,7 +569,7 @@ Cache_detach_ring (CacheObject *self, PyObject *arg)
    if (id == (unsigned long) -1 && PyErr_Occurred ()) {
       return NULL;
    }
-   if (self->fork_gen == g_fork_gen) {
+   if (self->fork_gen == cqc_fork_gen) {
       Py_BEGIN_ALLOW_THREADS
       cqc_cache_detach_ring (&self->c, (uint32_t) id);
       Py_END_ALLOW_THREADS
@@ -990,338 +654,15 @@ static PyType_Spec Cache_spec = {
 };
 
 /* ======================================================================== */
-/* The facades' find_one fast path                                          */
-/* ======================================================================== */
-
-/* CoreBase is the C part of read.py's CollectionCore: what its fast path
- * reads, set by CollectionCore (its _bind) as plain attributes: the cache
- * (`native`), the collection's codec options, the bound-session getter,
- * the namespace's indexes and whether the collection can be served at all
- * (`fast`). ViewBase is the C part of the facades' collections, holding
- * their CollectionCore as `_core`. A hit of find_one({"_id": v}) then runs
- * no Python frame: the interpreter's frames and their objects, cold after
- * other work, cost about as much as the lookup itself. */
-typedef struct {
-   PyObject_HEAD
-   PyObject *native;
-   PyObject *codec;
-   PyObject *bound_session;
-   /* 64 bits, so that a value past 32 bits is refused by the lookup's
-    * range check instead of truncated to another namespace's index. */
-   unsigned long long ns_idx;
-   unsigned long long db_idx;
-   char fast;
-} CoreObject;
-
-typedef struct {
-   PyObject_HEAD
-   PyObject *core;
-} ViewObject;
-
-static PyTypeObject *g_cache_type; /* Cache */
-static PyTypeObject *g_core_type;  /* CoreBase */
-static PyObject *g_s_id;           /* "_id" */
-static PyObject *g_s_start_id;     /* "_start_id" */
-static PyObject *g_s_start_find_one;
-static PyObject *g_s_find_one_rest;
-static PyObject *g_empty_tuple;
-
-/* find_one(filter)'s fast path: 1 with *out the hit (a new reference: a
- * document, or None for a cached "not found"); 0 when it does not answer,
- * with *out a lookup's sentinel and *id its _id (new references) when the
- * lookup ran, both NULL when the fast path does not take this read; -1
- * with an exception. The same checks, in the same order, as the Python
- * this replaced: the collection can be served, the filter is exactly
- * {"_id": int|str|ObjectId}, no session is bound; then the lookup raises
- * what lookup raises (closed, forked, an index out of range). */
-static int
-core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
-{
-   uint8_t key[FAST_STR_MAX + CQC_ID_FILTER_FIXED];
-   CacheObject *cache = (CacheObject *) core->native;
-   PyObject *v, *session, *codec, *r;
-   Py_ssize_t flen;
-
-   *id = *out = NULL;
-   if (!core->fast || !cache || Py_TYPE (core->native) != g_cache_type || !core->codec ||
-       !core->bound_session || !PyDict_CheckExact (filter) || PyDict_Size (filter) != 1) {
-      return 0;
-   }
-   if (!(v = PyDict_GetItemWithError (filter, g_s_id))) {
-      return PyErr_Occurred () ? -1 : 0;
-   }
-   if (!PyLong_CheckExact (v) && !PyUnicode_CheckExact (v) &&
-       (!cache->objectid_type || Py_TYPE (v) != (PyTypeObject *) cache->objectid_type)) {
-      return 0;
-   }
-   Py_INCREF (v); /* the getter below may let another thread change filter */
-   Py_INCREF ((PyObject *) cache);
-   if (!(session = PyObject_CallNoArgs (core->bound_session))) {
-      goto fail;
-   }
-   Py_DECREF (session);
-   if (session != Py_None) {
-      goto not_taken;
-   }
-   if (!check_usable (cache, USE_READS)) {
-      goto fail;
-   }
-   if (core->ns_idx >= cache->c.arena.geo.ns_count || core->db_idx >= cache->c.arena.geo.db_count) {
-      PyErr_SetString (PyExc_ValueError, "ns_idx or db_idx out of range");
-      goto fail;
-   }
-   if ((flen = id_filter (cache, v, key, sizeof key)) < 0) {
-      goto fail;
-   }
-   if (flen == 0) {
-      goto not_taken; /* an _id it cannot encode */
-   }
-   if (g_after_var) {
-      int covered = after_covers (cache, (uint32_t) core->db_idx);
-      if (covered < 0) {
-         goto fail;
-      }
-      if (!covered) {
-         goto not_taken; /* held to a token the stream has not reached */
-      }
-   }
-   if (!core->codec) {
-      goto not_taken; /* deleted while the getter ran */
-   }
-   codec = Py_NewRef (core->codec); /* a decoder in Python may let other code run */
-   r = lookup_key (cache, (uint32_t) core->ns_idx, (uint32_t) core->db_idx, 1, key,
-                   (uint32_t) flen, NULL, 0, codec, cache->decode);
-   Py_DECREF (codec);
-   Py_DECREF ((PyObject *) cache);
-   if (!r) {
-      Py_DECREF (v);
-      return -1;
-   }
-   *out = r;
-   if (r == g_miss || r == g_unhealthy || r == g_behind) {
-      *id = v;
-      return 0;
-   }
-   Py_DECREF (v);
-   return 1;
-not_taken:
-   Py_DECREF (v);
-   Py_DECREF ((PyObject *) cache);
-   return 0;
-fail:
-   Py_DECREF (v);
-   Py_DECREF ((PyObject *) cache);
-   return -1;
-}
-
-/* The first Step of a find_one(filter) the fast path did not answer:
- * core._start_id(id, looked_up) after its lookup, else
- * core.start_find_one(filter, (), {}). Steals id and looked_up. */
-static PyObject *
-core_first_step (PyObject *core, PyObject *filter, PyObject *id, PyObject *looked_up)
-{
-   PyObject *step, *kwargs;
-
-   if (looked_up) {
-      step = PyObject_CallMethodObjArgs (core, g_s_start_id, id, looked_up, NULL);
-      Py_DECREF (id);
-      Py_DECREF (looked_up);
-      return step;
-   }
-   if (!(kwargs = PyDict_New ())) {
-      return NULL;
-   }
-   step = PyObject_CallMethodObjArgs (core, g_s_start_find_one, filter, g_empty_tuple, kwargs,
-                                      NULL);
-   Py_DECREF (kwargs);
-   return step;
-}
-
-/* CoreBase.fast_find_one(filter): the hit itself when the fast path
- * answers, else the read's first Step. */
-static PyObject *
-Core_fast_find_one (CoreObject *self, PyObject *filter)
-{
-   PyObject *id, *r;
-   int rc = core_try_hit (self, filter, &id, &r);
-
-   if (rc != 0) {
-      return rc > 0 ? r : NULL;
-   }
-   return core_first_step ((PyObject *) self, filter, id, r);
-}
-
-/* ViewBase.find_one(filter=None, *args, **kwargs): a fast-path hit, else
- * self._find_one_rest(step, filter, *args, **kwargs), where step is the
- * first Step the fast path took, or None when it did not apply. */
-static PyObject *
-View_find_one (ViewObject *self, PyObject *args, PyObject *kwargs)
-{
-   PyObject *step = NULL, *rest_args, *method, *res = NULL;
-   Py_ssize_t i, n = PyTuple_Size (args);
-
-   if (n == 1 && (!kwargs || PyDict_Size (kwargs) == 0) && self->core &&
-       PyObject_TypeCheck (self->core, g_core_type)) {
-      PyObject *filter = PyTuple_GetItem (args, 0), *id, *r;
-      PyObject *core = Py_NewRef (self->core);
-      int rc = core_try_hit ((CoreObject *) core, filter, &id, &r);
-
-      step = rc == 0 ? core_first_step (core, filter, id, r) : NULL;
-      Py_DECREF (core);
-      if (rc != 0) {
-         return rc > 0 ? r : NULL;
-      }
-      if (!step) {
-         return NULL;
-      }
-   }
-   if (!(rest_args = PyTuple_New (n + 1))) {
-      Py_XDECREF (step);
-      return NULL;
-   }
-   PyTuple_SetItem (rest_args, 0, step ? step : Py_NewRef (Py_None));
-   for (i = 0; i < n; i++) {
-      PyTuple_SetItem (rest_args, i + 1, Py_NewRef (PyTuple_GetItem (args, i)));
-   }
-   if ((method = PyObject_GetAttr ((PyObject *) self, g_s_find_one_rest))) {
-      res = PyObject_Call (method, rest_args, kwargs);
-      Py_DECREF (method);
-   }
-   Py_DECREF (rest_args);
-   return res;
-}
-
-static int
-Core_traverse (CoreObject *self, visitproc visit, void *arg)
-{
-   Py_VISIT (Py_TYPE ((PyObject *) self));
-   Py_VISIT (self->native);
-   Py_VISIT (self->codec);
-   Py_VISIT (self->bound_session);
-   return 0;
-}
-
-static int
-Core_clear (CoreObject *self)
-{
-   Py_CLEAR (self->native);
-   Py_CLEAR (self->codec);
-   Py_CLEAR (self->bound_session);
-   return 0;
-}
-
-static void
-Core_dealloc (CoreObject *self)
-{
-   PyTypeObject *tp = Py_TYPE ((PyObject *) self);
-   freefunc tp_free = (freefunc) PyType_GetSlot (tp, Py_tp_free);
-
-   PyObject_GC_UnTrack (self);
-   Core_clear (self);
-   tp_free (self);
-   Py_DECREF (tp);
-}
-
-static int
-View_traverse (ViewObject *self, visitproc visit, void *arg)
-{
-   Py_VISIT (Py_TYPE ((PyObject *) self));
-   Py_VISIT (self->core);
-   return 0;
-}
-
-static int
-View_clear (ViewObject *self)
-{
-   Py_CLEAR (self->core);
-   return 0;
-}
-
-static void
-View_dealloc (ViewObject *self)
-{
-   PyTypeObject *tp = Py_TYPE ((PyObject *) self);
-   freefunc tp_free = (freefunc) PyType_GetSlot (tp, Py_tp_free);
-
-   PyObject_GC_UnTrack (self);
-   View_clear (self);
-   tp_free (self);
-   Py_DECREF (tp);
-}
-
-static PyMemberDef Core_members[] = {
-   {"native", T_OBJECT_EX, offsetof (CoreObject, native), 0, "The cache (_native.Cache)."},
-   {"codec", T_OBJECT_EX, offsetof (CoreObject, codec), 0, "The collection's codec options."},
-   {"bound_session", T_OBJECT_EX, offsetof (CoreObject, bound_session), 0,
-    "The bound-session getter: the session PyMongo's bind() made current, or None."},
-   {"ns_idx", T_ULONGLONG, offsetof (CoreObject, ns_idx), 0, "The namespace's index."},
-   {"db_idx", T_ULONGLONG, offsetof (CoreObject, db_idx), 0, "The database's index."},
-   {"fast", T_BOOL, offsetof (CoreObject, fast), 0, "Whether the fast path may serve."},
-   {NULL, 0, 0, 0, NULL},
-};
-
-static PyMethodDef Core_methods[] = {
-   {"fast_find_one", (PyCFunction) Core_fast_find_one, METH_O,
-    "fast_find_one(filter): the hit when the fast path answers, else the first Step."},
-   {NULL, NULL, 0, NULL},
-};
-
-static PyType_Slot Core_slots[] = {
-   {Py_tp_doc, (void *) "The C part of a collection's read logic (read.CollectionCore)."},
-   {Py_tp_dealloc, (void *) Core_dealloc},
-   {Py_tp_traverse, (void *) Core_traverse},
-   {Py_tp_clear, (void *) Core_clear},
-   {Py_tp_members, Core_members},
-   {Py_tp_methods, Core_methods},
-   {0, NULL},
-};
-
-static PyType_Spec Core_spec = {
-   .name = "client_query_cache._native.CoreBase",
-   .basicsize = sizeof (CoreObject),
-   .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-   .slots = Core_slots,
-};
-
-static PyMemberDef View_members[] = {
-   {"_core", T_OBJECT_EX, offsetof (ViewObject, core), 0, "The collection's CollectionCore."},
-   {NULL, 0, 0, 0, NULL},
-};
-
-static PyMethodDef View_methods[] = {
-   {"find_one", (PyCFunction) (void (*) (void)) View_find_one, METH_VARARGS | METH_KEYWORDS,
-    "find_one($self, filter=None, *args, **kwargs)\n--\n\n"
-    "PyMongo's ``find_one``, served from the cache when safe."},
-   {NULL, NULL, 0, NULL},
-};
-
-static PyType_Slot View_slots[] = {
-   {Py_tp_doc, (void *) "The C part of a cached collection (facade.CollectionBase)."},
-   {Py_tp_dealloc, (void *) View_dealloc},
-   {Py_tp_traverse, (void *) View_traverse},
-   {Py_tp_clear, (void *) View_clear},
-   {Py_tp_members, View_members},
-   {Py_tp_methods, View_methods},
-   {0, NULL},
-};
-
-static PyType_Spec View_spec = {
-   .name = "client_query_cache._native.ViewBase",
-   .basicsize = sizeof (ViewObject),
-   .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-   .slots = View_slots,
-};
-
-/* ======================================================================== */
 /* Module                                                                   */
 /* ======================================================================== */
 
 static PyObject *
 mod_after_blocks (PyObject *Py_UNUSED (m), PyObject *arg)
 {
-   PyObject *old = g_after_var;
+   PyObject *old = cqc_after_var;
 
-   g_after_var = arg == Py_None ? NULL : Py_NewRef (arg);
+   cqc_after_var = arg == Py_None ? NULL : Py_NewRef (arg);
    Py_XDECREF (old);
    Py_RETURN_NONE;
 }
@@ -1360,35 +701,15 @@ PyInit__native (void)
    static bool initialized;
    PyObject *m = PyModule_Create (&moduledef);
    PyObject *cache_type = m ? PyType_FromSpec (&Cache_spec) : NULL;
-   PyObject *core_type = m ? PyType_FromSpec (&Core_spec) : NULL;
-   PyObject *view_type = m ? PyType_FromSpec (&View_spec) : NULL;
 
    if (!initialized) {
       cqc_cache_init_library ();
       pthread_atfork (NULL, NULL, on_fork_child);
       initialized = true;
    }
-   g_miss = PyUnicode_FromString ("<cache miss>");
-   g_unhealthy = PyUnicode_FromString ("<cache unhealthy>");
-   g_behind = PyUnicode_FromString ("<cache behind>");
-   g_s_id = PyUnicode_InternFromString ("_id");
-   g_s_start_id = PyUnicode_InternFromString ("_start_id");
-   g_s_start_find_one = PyUnicode_InternFromString ("start_find_one");
-   g_s_find_one_rest = PyUnicode_InternFromString ("_find_one_rest");
-   g_empty_tuple = PyTuple_New (0);
-   /* The types live as long as the process: the fast path compares with
-    * them after the module object is gone. */
-   g_cache_type = (PyTypeObject *) Py_XNewRef (cache_type);
-   g_core_type = (PyTypeObject *) Py_XNewRef (core_type);
-   if (!cache_type || !core_type || !view_type || !g_miss || !g_unhealthy ||
-       !g_behind || !g_s_id || !g_s_start_id || !g_s_start_find_one || !g_s_find_one_rest ||
-       !g_empty_tuple || PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
-       PyModule_AddObjectRef (m, "CoreBase", core_type) < 0 ||
-       PyModule_AddObjectRef (m, "ViewBase", view_type) < 0 ||
+   if (!cache_type || PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
+       cqc_read_add_to_module (m, (PyTypeObject *) cache_type) < 0 ||
        cqc_build_add_functions (m) < 0 ||
-       PyModule_AddObjectRef (m, "MISS", g_miss) < 0 ||
-       PyModule_AddObjectRef (m, "UNHEALTHY", g_unhealthy) < 0 ||
-       PyModule_AddObjectRef (m, "BEHIND", g_behind) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_OK", CQC_ADMIT_OK) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_STALE", CQC_ADMIT_STALE) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_UNHEALTHY", CQC_ADMIT_UNHEALTHY) < 0 ||
@@ -1409,7 +730,5 @@ PyInit__native (void)
       Py_CLEAR (m);
    }
    Py_XDECREF (cache_type);
-   Py_XDECREF (core_type);
-   Py_XDECREF (view_type);
    return m;
 }

@@ -136,15 +136,20 @@ def test_cache_has_no_other_constructor() -> None:
 def test_an_owner_serves_no_reads(tmp_path: Path) -> None:
     values = _values(tmp_path)
     owner = _native.Cache.owner(**{n: values[n] for n in _required("owner")})
-    # The identity fast path reads through the same cache.
+    # The identity fast path reads through the same cache, from CoreBase and
+    # from ViewBase's find_one.
     core = _native.CoreBase()
     core.native, core.codec, core.bound_session, core.fast = owner, bson.DEFAULT_CODEC_OPTIONS, lambda: None, True
+    view = _native.ViewBase()
+    view._core = core
     try:
         for call in (
             lambda: owner.lookup(0, 0, 1, b"", b"", None),
+            lambda: owner.peek(0, 1, b"", b""),
             lambda: owner.capture(0, b""),
             lambda: owner.admit(b"", 1, b"", b"", None, 0, 0, 0, 0, False),
             lambda: core.fast_find_one({"_id": 1}),
+            lambda: view.find_one({"_id": 1}),
         ):
             with pytest.raises(RuntimeError, match="owner serves no reads"):
                 call()

@@ -212,7 +212,7 @@ check_view_in_bounds (const cqc_arena_t *a, const uint8_t *mem, uint64_t size)
 /* ------------------------------------------------------------------------ */
 
 /* The alloc/discard pair a reader passes to cqc_arena_r_lookup, like
- * module.c's bytes object: one private buffer per lookup. */
+ * a hit's copy (build.c): one private buffer per lookup. */
 typedef struct {
    uint8_t *buf;
    size_t len;

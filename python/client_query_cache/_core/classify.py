@@ -518,7 +518,7 @@ def classify_find_one(
 def classify_id(id_value: Any, codec_options: CodecOptions[Any]) -> ReadPlan | BypassReason:
     """``classify_find_one({"_id": id_value}, (), {}, codec_options)`` for an
     ``id_value`` of a type the C fast path takes (an exact int, str or
-    ObjectId: module.c's id_filter), built without walking the filter: the
+    ObjectId: read.c's id_filter), built without walking the filter: the
     plan of a miss of the C fast path. The miss reads a filter
     of its own (the caller's dict may change while the read is in flight)."""
     canonical = {"_id": id_value}
