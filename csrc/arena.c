@@ -385,6 +385,18 @@ cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash
                             cqc_discard_fn discard, void *ctx, cqc_stamp_t *stamp,
                             uint32_t *cell)
 {
+   cqc_entry_id_t id;
+
+   return cqc_arena_r_lookup_entry (a, ns_idx, hash, key, key_len, alloc, discard, NULL, ctx,
+                                    stamp, cell, &id);
+}
+
+cqc_lookup_t
+cqc_arena_r_lookup_entry (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash,
+                          const uint8_t *key, uint32_t key_len, cqc_alloc_fn alloc,
+                          cqc_discard_fn discard, cqc_held_fn held, void *ctx, cqc_stamp_t *stamp,
+                          uint32_t *cell, cqc_entry_id_t *id)
+{
    uint32_t mask = a->geo.slot_count - 1;
    uint64_t ring_bytes = a->ring_bytes;
    uint32_t i, n;
@@ -428,12 +440,21 @@ cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash
           !entry_current_r (a, c.ns_idx, c.id_cell, c.flags, c.ns_epoch, c.gen, c.db_inc)) {
          return CQC_LOOKUP_MISS;
       }
+      *id = (cqc_entry_id_t){.key_hash = hash,     .slot = i,       .block_off = c.block_off,
+                             .block_gen = c.block_gen, .val_len = c.val_len, .sum = bh->sum};
       if (!(c.flags & CQC_ENTRY_NOT_FOUND)) {
-         dst = alloc (ctx, c.val_len);
-         if (!dst) {
-            return CQC_LOOKUP_MISS;
+         /* A reader that holds what it made of this entry's bytes (the same
+          * block, generation, size and sum) takes no copy: the checks below
+          * prove that the sum it compared was the block's while the slot
+          * named it, and a block's bytes do not change while it does. */
+         id->held = held && held (ctx, id);
+         if (!id->held) {
+            dst = alloc (ctx, c.val_len);
+            if (!dst) {
+               return CQC_LOOKUP_MISS;
+            }
+            memcpy (dst, a->ring + c.block_off + CQC_BLOCK_HEADER + c.key_len, c.val_len);
          }
-         memcpy (dst, a->ring + c.block_off + CQC_BLOCK_HEADER + c.key_len, c.val_len);
       }
       memcpy (stamp, &bh->stamp, sizeof *stamp);
       sum = bh->sum;
@@ -446,7 +467,9 @@ cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash
        * generation the slot names, a second witness that costs one load.
        * Then the copy is checked against the writer's sum. */
       if (LOAD_RELAXED (&s->seq) != seq1 || LOAD_RELAXED (&bh->gen) != c.block_gen ||
-          entry_sum (c.flags, c.key_len, dst ? dst : "", dst ? c.val_len : 0, stamp) != sum) {
+          (id->held ? sum != id->sum
+                    : entry_sum (c.flags, c.key_len, dst ? dst : "", dst ? c.val_len : 0, stamp) !=
+                         sum)) {
          if (dst) {
             discard (ctx);
          }
@@ -459,6 +482,28 @@ cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash
       return (c.flags & CQC_ENTRY_NOT_FOUND) ? CQC_LOOKUP_NOT_FOUND : CQC_LOOKUP_HIT;
    }
    return CQC_LOOKUP_MISS;
+}
+
+bool
+cqc_arena_r_entry_live (const cqc_arena_t *a, const cqc_entry_id_t *id)
+{
+   const cqc_slot_t *s;
+   uint32_t seq1;
+   cqc_slot_t c;
+   bool live;
+
+   if (id->slot >= a->geo.slot_count) {
+      return false;
+   }
+   s = &a->slots[id->slot];
+   seq1 = LOAD (&s->seq);
+   memcpy (&c, s, sizeof c);
+   FENCE_ACQ ();
+   live = !(seq1 & 1u) && c.state != 0 && c.hash == id->key_hash && c.block_off == id->block_off &&
+          c.block_gen == id->block_gen && c.val_len == id->val_len &&
+          !(c.flags & CQC_ENTRY_CONFLICT) &&
+          entry_current_r (a, c.ns_idx, c.id_cell, c.flags, c.ns_epoch, c.gen, c.db_inc);
+   return live && LOAD_RELAXED (&s->seq) == seq1;
 }
 
 void

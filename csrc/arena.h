@@ -428,6 +428,39 @@ cqc_lookup_t cqc_arena_r_lookup_stamped (const cqc_arena_t *a, uint32_t ns_idx, 
                                          cqc_discard_fn discard, void *ctx, cqc_stamp_t *stamp,
                                          uint32_t *cell);
 
+/* What identifies one admitted entry's bytes, for a reader that keeps what
+ * it made of them (build.h's templates): its key's hash, its slot, its
+ * block with the block's generation, its value's size, and the writer's sum
+ * over its value and stamp. */
+typedef struct {
+   uint64_t key_hash;
+   uint32_t slot, block_off, block_gen, val_len;
+   uint64_t sum;
+   bool held;           /* the lookup took no copy: the reader holds the entry */
+   uint64_t value_hash; /* set by the reader when it holds the entry: the causal
+                         * floor's hash of the value (cqc_floor_result_hash) */
+} cqc_entry_id_t;
+
+/* Called by a lookup with the entry it found, before it copies the value:
+ * true when the reader holds what it made of an entry with this very id
+ * (it then sets id->value_hash), and the copy is skipped. It runs inside
+ * the lookup's seqlock read: no waiting, and nothing that may call back. */
+typedef bool (*cqc_held_fn) (void *ctx, cqc_entry_id_t *id);
+
+/* cqc_arena_r_lookup_stamped, and on HIT the entry's id in *id; with
+ * `held` (may be NULL) asked first whether the copy is needed: on a HIT
+ * without a copy id->held is true, and the slot and block were checked as
+ * for a copy, the block's sum against id->sum. */
+cqc_lookup_t cqc_arena_r_lookup_entry (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash,
+                                       const uint8_t *key, uint32_t key_len, cqc_alloc_fn alloc,
+                                       cqc_discard_fn discard, cqc_held_fn held, void *ctx,
+                                       cqc_stamp_t *stamp, uint32_t *cell, cqc_entry_id_t *id);
+
+/* Whether the entry `id` names is still in its slot and current (its
+ * generations, its namespace's epoch, its database's incarnation): how a
+ * reader finds what it keeps of entries since invalidated or evicted. */
+bool cqc_arena_r_entry_live (const cqc_arena_t *a, const cqc_entry_id_t *id);
+
 /* Capture an admission token for a read of ns_idx (id_cell or CQC_NO_CELL). */
 void cqc_arena_r_capture (const cqc_arena_t *a, uint32_t ns_idx, uint32_t id_cell,
                           cqc_token_t *tok);

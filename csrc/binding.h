@@ -13,6 +13,7 @@
 
 #include "build.h"
 #include "cache.h"
+#include "template.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -26,6 +27,7 @@ typedef struct {
    PyObject *objectid_type; /* bson.objectid.ObjectId; NULL for an owner */
    PyObject *forked_error;  /* raised when used after fork() */
    PyObject *closed_error;  /* raised when used after close() */
+   cqc_templates_t *templates; /* hits' templates (template.h); NULL: none */
    uint64_t fork_gen;
    bool closed;
 } CacheObject;

@@ -380,6 +380,7 @@ cqc_cache_register (cqc_cache_t *c, const char *db, size_t db_len, const char *c
 typedef struct {
    cqc_alloc_fn alloc;
    cqc_discard_fn discard;
+   cqc_held_fn held;
    void *ctx;
    const uint8_t *buf;
    size_t len;
@@ -404,16 +405,25 @@ seen_discard (void *ctx)
    s->discard (s->ctx);
 }
 
+static bool
+seen_held (void *ctx, cqc_entry_id_t *id)
+{
+   seen_copy_t *s = ctx;
+
+   return s->held (s->ctx, id);
+}
+
 cqc_served_t
 cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
-                  cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)
+                  cqc_alloc_fn alloc, cqc_discard_fn discard, cqc_held_fn held, void *ctx,
+                  cqc_entry_id_t *id)
 {
    bool stalled;
    cqc_lookup_t r;
    cqc_covered_t cov;
    cqc_stamp_t stamp;
    uint32_t cell;
-   seen_copy_t copy = {alloc, discard, ctx, NULL, 0};
+   seen_copy_t copy = {alloc, discard, held, ctx, NULL, 0};
    cqc_found_t found = {0};
 
    if (cqc_arena_r_db_state (&c->arena, db_idx, &stalled) != CQC_STREAM_HEALTHY) {
@@ -424,8 +434,9 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
     * entry it then validates reflects every invalidation this covers. */
    cqc_floor_covered (&c->arena, db_idx, &cov);
    found.key_hash = cqc_hash_bytes (k->buf, k->len, 0);
-   r = cqc_arena_r_lookup_stamped (&c->arena, ns_idx, found.key_hash, k->buf, k->len, seen_alloc,
-                                   seen_discard, &copy, &stamp, &cell);
+   id->held = false;
+   r = cqc_arena_r_lookup_entry (&c->arena, ns_idx, found.key_hash, k->buf, k->len, seen_alloc,
+                                 seen_discard, held ? seen_held : NULL, &copy, &stamp, &cell, id);
    if (r == CQC_LOOKUP_MISS) {
       c->misses++;
       return CQC_SERVE_MISS;
@@ -438,8 +449,10 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
    found.value = copy.buf;
    found.len = copy.len;
    found.not_found = r == CQC_LOOKUP_NOT_FOUND;
+   /* Held, the entry was not copied: the reader kept its value's hash. */
+   found.value_hash = id->held ? id->value_hash : 0;
    if (!cqc_floor_allows (&c->floor, db_idx, ns_idx, &stamp, &cov, &found)) {
-      if (r == CQC_LOOKUP_HIT) {
+      if (r == CQC_LOOKUP_HIT && !id->held) {
          discard (ctx);
       }
       if (cqc_floor_superseded (&c->floor, ns_idx, &stamp, &cov, &found)) {

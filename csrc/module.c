@@ -37,10 +37,18 @@ on_fork_child (void)
 /* Construction and lifetime                                                */
 /* ======================================================================== */
 
-/* Make a Cache of `mode`; decode and oid are NULL for an owner. */
+static bool
+entry_live (const void *arena, const cqc_entry_id_t *id)
+{
+   return cqc_arena_r_entry_live (arena, id);
+}
+
+/* Make a Cache of `mode`; decode and oid are NULL for an owner, which
+ * keeps no templates (template_bytes 0: none). */
 static PyObject *
 cache_make (PyObject *cls, cqc_mode_t mode, const cqc_cache_config_t *cfg, PyObject *decode,
-            PyObject *oid, PyObject *closed_error, PyObject *forked_error)
+            PyObject *oid, PyObject *closed_error, PyObject *forked_error,
+            unsigned long long template_bytes)
 {
    allocfunc alloc = (allocfunc) PyType_GetSlot ((PyTypeObject *) cls, Py_tp_alloc);
    CacheObject *self;
@@ -66,6 +74,11 @@ cache_make (PyObject *cls, cqc_mode_t mode, const cqc_cache_config_t *cfg, PyObj
       Py_DECREF (self); /* Cache_dealloc releases what was made */
       return NULL;
    }
+   if (template_bytes && mode != CQC_MODE_OWNER &&
+       !(self->templates = cqc_templates_new ((size_t) template_bytes, entry_live, &self->c.arena))) {
+      Py_DECREF (self);
+      return PyErr_NoMemory ();
+   }
    return (PyObject *) self;
 }
 
@@ -76,17 +89,20 @@ Cache_local (PyObject *cls, PyObject *args, PyObject *kwds)
    static char *kwlist[] = {"budget_bytes", "slot_count",   "uri",          "max_await_time_ms",
                             "decode",       "objectid_type", "closed_error", "forked_error",
                             "tls_ca_file",  "tls_ca_dir",    "tls_crl_file", "stream_scope",
-                            NULL};
+                            "template_bytes", NULL};
    cqc_cache_config_t cfg = {0};
    PyObject *decode, *oid, *closed_error, *forked_error;
+   unsigned long long template_bytes = 0;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zzzi", kwlist, &cfg.budget_bytes,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "KIzLOOOO|zzziK", kwlist, &cfg.budget_bytes,
                                      &cfg.slot_count, &cfg.uri, &cfg.max_await_ms, &decode, &oid,
                                      &closed_error, &forked_error, &cfg.tls_ca_file,
-                                     &cfg.tls_ca_dir, &cfg.tls_crl_file, &cfg.stream_scope)) {
+                                     &cfg.tls_ca_dir, &cfg.tls_crl_file, &cfg.stream_scope,
+                                     &template_bytes)) {
       return NULL;
    }
-   return cache_make (cls, CQC_MODE_LOCAL, &cfg, decode, oid, closed_error, forked_error);
+   return cache_make (cls, CQC_MODE_LOCAL, &cfg, decode, oid, closed_error, forked_error,
+                      template_bytes);
 }
 
 /* Cache.owner(...): the arguments are kwlist's, as _native.pyi gives them. */
@@ -109,7 +125,7 @@ Cache_owner (PyObject *cls, PyObject *args, PyObject *kwds)
                                      &cfg.stream_scope, &cfg.arena_fd)) {
       return NULL;
    }
-   return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error);
+   return cache_make (cls, CQC_MODE_OWNER, &cfg, NULL, NULL, closed_error, forked_error, 0);
 }
 
 /* Cache.worker(...): the arguments are kwlist's, as _native.pyi gives them. */
@@ -118,17 +134,19 @@ Cache_worker (PyObject *cls, PyObject *args, PyObject *kwds)
 {
    static char *kwlist[] = {"arena_path",    "segment_path", "ring_bytes",   "decode",
                             "objectid_type", "closed_error", "forked_error", "arena_fd",
-                            "segment_fd",    NULL};
+                            "segment_fd",    "template_bytes", NULL};
    cqc_cache_config_t cfg = {.arena_fd = -1, .segment_fd = -1};
    PyObject *decode, *oid, *closed_error, *forked_error;
+   unsigned long long template_bytes = 0;
 
-   if (!PyArg_ParseTupleAndKeywords (args, kwds, "zzKOOOO|ii", kwlist, &cfg.arena_path,
+   if (!PyArg_ParseTupleAndKeywords (args, kwds, "zzKOOOO|iiK", kwlist, &cfg.arena_path,
                                      &cfg.segment_path, &cfg.ring_bytes, &decode, &oid,
                                      &closed_error, &forked_error, &cfg.arena_fd,
-                                     &cfg.segment_fd)) {
+                                     &cfg.segment_fd, &template_bytes)) {
       return NULL;
    }
-   return cache_make (cls, CQC_MODE_WORKER, &cfg, decode, oid, closed_error, forked_error);
+   return cache_make (cls, CQC_MODE_WORKER, &cfg, decode, oid, closed_error, forked_error,
+                      template_bytes);
 }
 
 /* Cache is a heap type (the limited API has no static types): each instance
@@ -142,6 +160,7 @@ Cache_dealloc (CacheObject *self)
     * by one of them in the parent's image: leave them alone. */
    bool threads = self->fork_gen == cqc_fork_gen;
 
+   cqc_templates_close (self->templates);
    Py_BEGIN_ALLOW_THREADS
    cqc_cache_release (&self->c, threads);
    Py_END_ALLOW_THREADS
@@ -167,6 +186,9 @@ Cache_close (CacheObject *self, PyObject *Py_UNUSED (ignored))
    bool stop = !self->closed && self->fork_gen == cqc_fork_gen;
 
    self->closed = true;
+   /* Reads raise from now on: the templates are of no more use. */
+   cqc_templates_close (self->templates);
+   self->templates = NULL;
    if (stop) {
       Py_BEGIN_ALLOW_THREADS
       cqc_cache_stop (&self->c);
@@ -464,7 +486,8 @@ Cache_ns_epoch (CacheObject *self, PyObject *arg)
 static PyObject *
 Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
 {
-   cqc_stat_t s[CQC_STATS_MAX];
+   cqc_stat_t s[CQC_STATS_MAX + 7];
+   cqc_templates_stats_t ts;
    size_t i, n;
    PyObject *d;
 
@@ -472,6 +495,14 @@ Cache_stats (CacheObject *self, PyObject *Py_UNUSED (ignored))
       return NULL;
    }
    n = cqc_cache_stats (&self->c, s);
+   cqc_templates_stats (self->templates, &ts);
+   s[n++] = (cqc_stat_t){"template_hits", ts.hits};
+   s[n++] = (cqc_stat_t){"templates", ts.count};
+   s[n++] = (cqc_stat_t){"template_bytes", ts.bytes};
+   s[n++] = (cqc_stat_t){"template_budget", ts.limit};
+   s[n++] = (cqc_stat_t){"template_evictions", ts.evicted};
+   s[n++] = (cqc_stat_t){"template_released", ts.released};
+   s[n++] = (cqc_stat_t){"template_declined", ts.declined};
    if (!(d = PyDict_New ())) {
       return NULL;
    }
@@ -709,7 +740,7 @@ PyInit__native (void)
    }
    if (!cache_type || PyModule_AddObjectRef (m, "Cache", cache_type) < 0 ||
        cqc_read_add_to_module (m, (PyTypeObject *) cache_type) < 0 ||
-       cqc_build_add_functions (m) < 0 ||
+       cqc_build_add_functions (m) < 0 || PyModule_AddFunctions (m, cqc_template_methods) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_OK", CQC_ADMIT_OK) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_STALE", CQC_ADMIT_STALE) < 0 ||
        PyModule_AddIntConstant (m, "ADMIT_UNHEALTHY", CQC_ADMIT_UNHEALTHY) < 0 ||

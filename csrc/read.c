@@ -23,9 +23,27 @@ PyObject *cqc_after_var;
 /* Lookups                                                                  */
 /* ======================================================================== */
 
+/* A lookup's copy (first: build.c's callbacks take the context as a
+ * cqc_hit_t) and the template that may stand in for it. */
+typedef struct {
+   cqc_hit_t hit;
+   cqc_templates_t *templates; /* NULL: no template for this lookup */
+   int kind;                   /* the hit's how and elements (template.h's kind) */
+   PyObject *tpl;              /* held: a new reference to the entry's template */
+} read_hit_t;
+
+static bool
+held_template (void *ctx, cqc_entry_id_t *id)
+{
+   read_hit_t *r = ctx;
+
+   return cqc_templates_find (r->templates, id, r->kind, &r->tpl);
+}
+
 /* Build the key (keys.h) and look it up; returns a new reference (the
- * entry as decode(bytes, codec_options) makes it, built by build.c when it
- * can be, None, or a sentinel) or NULL with an exception. */
+ * entry as decode(bytes, codec_options) makes it, built by build.c or
+ * copied from its template (template.h) when it can be, None, or a
+ * sentinel) or NULL with an exception. */
 static PyObject *
 lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
             const uint8_t *filter, uint32_t flen, const uint8_t *rest, uint32_t rlen,
@@ -33,21 +51,45 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
 {
    cqc_served_t served;
    cqc_key_t k;
-   cqc_hit_t hit;
+   cqc_entry_id_t id;
+   read_hit_t r = {.templates = NULL, .tpl = NULL};
+   uint64_t value_hash = 0;
+   PyObject *res;
 
    if (!set_key_error (cqc_key_build (&k, kind, ns_idx, filter, flen, rest, rlen))) {
       return NULL;
    }
-   cqc_hit_begin (&hit, decode, codec_options);
+   cqc_hit_begin (&r.hit, decode, codec_options);
+   if (self->templates && r.hit.how != CQC_HIT_DECODE) {
+      r.templates = self->templates;
+      r.kind = (int) r.hit.how | (r.hit.elements ? 4 : 0);
+   }
    served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, cqc_hit_alloc, cqc_hit_discard,
-                              &hit);
+                              r.templates ? held_template : NULL, &r, &id);
    cqc_key_free (&k);
    if (served != CQC_SERVE_HIT) {
       PyObject *answer[] = {[CQC_SERVE_NOT_FOUND] = Py_None, [CQC_SERVE_MISS] = cqc_miss,
                             [CQC_SERVE_UNHEALTHY] = cqc_unhealthy, [CQC_SERVE_BEHIND] = cqc_behind};
+      Py_XDECREF (r.tpl); /* held, then refused by the causal floor */
       return Py_NewRef (answer[served]);
    }
-   return cqc_hit_finish (&hit);
+   if (r.tpl) {
+      cqc_templates_served (r.templates);
+      res = cqc_template_copy (r.tpl);
+      Py_DECREF (r.tpl);
+      return res;
+   }
+   if (r.templates && r.hit.buf) {
+      value_hash = cqc_floor_result_hash (r.hit.buf, r.hit.len, false);
+   }
+   res = cqc_hit_finish (&r.hit);
+   /* The first hit of the entry: its objects become its template. The
+    * decoder may have run Python code: the store is read again (close()
+    * frees it). */
+   if (res && r.templates && self->templates) {
+      cqc_templates_add (self->templates, &id, r.kind, res, value_hash);
+   }
+   return res;
 }
 
 /* Whether the after() token of the current context (cqc_after_var's value:

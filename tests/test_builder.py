@@ -274,6 +274,18 @@ def check_bytes(data: bytes) -> None:
     check_elements(data, False)
 
 
+def check_template(built: Any, want: Any) -> None:
+    """When what a hit built can be a template (csrc/template.h), a hit
+    served from that template returns PyMongo's objects again, in new
+    containers."""
+    tpl = _native._template(built)
+    if tpl is not None:
+        for _ in range(2):
+            copy = _native._template_copy(tpl)
+            assert copy is not built and copy is not tpl[0]
+            assert_strict_equal(copy, want)
+
+
 def check_elements(data: bytes, many: bool) -> None:
     """The same bytes as a find_one's document (``many`` false) or a find's
     documents, which the cache decodes as PyMongo's cursor does, as elements
@@ -287,6 +299,7 @@ def check_elements(data: bytes, many: bool) -> None:
     if built is not NotImplemented:
         assert want[0] == "returned", f"built what PyMongo's cursor refuses: {want}"
         assert_strict_equal(built, want[1])
+        check_template(built, want[1])
     assert_same_outcome(outcome(lambda: _native._build_hit(data, decode, DEFAULT_CODEC_OPTIONS)), want)
     check_decoded(data, decode)
 
@@ -342,6 +355,7 @@ def test_valid_documents_are_built_as_pymongo_decodes_them(data: bytes) -> None:
     built = _native._build(data, False, True)
     assert built is not NotImplemented, "the builder declined a batch element PyMongo decodes"
     assert_strict_equal(built, want)
+    check_template(built, want)
     assert_strict_equal(_native._build_hit(data, decode_document, DEFAULT_CODEC_OPTIONS), want)
     assert_strict_equal(_native.decoded(data, decode_document, DEFAULT_CODEC_OPTIONS), want)
 
@@ -358,6 +372,7 @@ def test_valid_lists_are_built_as_pymongo_decodes_them(docs: list[bytes]) -> Non
     assert_strict_equal(_native.decoded(data, decode_all_top, DEFAULT_CODEC_OPTIONS), want)
     want = as_batch_elements(data, DEFAULT_CODEC_OPTIONS, True)
     assert_strict_equal(_native._build(data, True, True), want)
+    check_template(_native._build(data, True, True), want)
     assert_strict_equal(_native._build_hit(data, decode_documents, DEFAULT_CODEC_OPTIONS), want)
     assert_strict_equal(_native.decoded(data, decode_documents, DEFAULT_CODEC_OPTIONS), want)
 
@@ -668,7 +683,8 @@ async def test_real_hits_of_every_type_are_pymongo_s_objects(d, client, db_name)
     raw_docs = every_type_documents()
     client[db_name].items.insert_many([RawBSONDocument(r) for r in raw_docs])
     stored = list(client[db_name].items.find({}, sort=[("_id", 1)]))
-    cache = d.manager()
+    # Every hit built by the builder: no templates (test_templates.py).
+    cache = d.manager(template_bytes=0)
     coll = await d.ready(cache, db_name)
     plain = d.client()[db_name].items
     reads = [

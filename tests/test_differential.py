@@ -17,10 +17,12 @@ codec options of both collections) and a sequence of operations:
   collection renamed over the one being read), sent by another client or
   through the cached view itself.
 
-Every read is sent to PyMongo, then twice to the cached view ("cold", then
-"warm": usually a hit), and the outcomes must be identical: the result with
-its types (``1`` and ``1.0`` differ, a ``SON`` is not a ``dict``), or the
-exception's class and server error code.
+Every read is sent to PyMongo, then three times to the cached view ("cold",
+then "warm": usually a hit, then "template": under the default codec
+options usually a hit served from the entry's template, after the warm
+result's containers were changed in place), and the outcomes must be
+identical: the result with its types (``1`` and ``1.0`` differ, a ``SON``
+is not a ``dict``), or the exception's class and server error code.
 
 The oracle is exact, not timing-dependent. The cache may serve a write's old
 version only until its change event is applied (docs/consistency.md,
@@ -66,7 +68,7 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from client_query_cache import AsyncCacheManager, CacheManager, SharedCache
+from client_query_cache import AsyncCacheManager, CacheManager, SharedCache, _native
 
 # Hypothesis keeps files of its own even without an example database: in the
 # temporary directory, not in the checkout.
@@ -467,11 +469,28 @@ def tagged(value: Any) -> Any:
     return (type(value).__name__, repr(value))
 
 
-async def outcome(call: Callable[[], Awaitable[Any]]) -> tuple[Any, ...]:
+def mutate(value: Any) -> None:
+    """Change every dict and list of a result in place (after it was
+    compared): no later read may see it."""
+    if isinstance(value, dict):
+        for v in list(value.values()):
+            mutate(v)
+        value["mutated"] = True
+    elif isinstance(value, list):
+        for v in value:
+            mutate(v)
+        value.append("mutated")
+
+
+async def outcome(call: Callable[[], Awaitable[Any]], mutate_after: bool = False) -> tuple[Any, ...]:
     try:
-        return ("returned", tagged(await call()))
+        result = await call()
     except Exception as exc:  # noqa: BLE001 - comparing behaviours
         return ("raised", type(exc).__name__, getattr(exc, "code", None))
+    compared = ("returned", tagged(result))
+    if mutate_after:
+        mutate(result)
+    return compared
 
 
 class Harness:
@@ -591,9 +610,11 @@ class Harness:
                 continue
             _, method, args, kwargs, take = op
             expected = await outcome(lambda: self.call(oracle, method, args, kwargs, take))
-            for attempt in ("cold", "warm"):
+            for attempt in ("cold", "warm", "template"):
                 before = self.manager.snapshot()
-                got = await outcome(lambda: self.call(view, method, args, kwargs, take))
+                # What a caller does to the warm read's objects changes no
+                # later read (the next may come from its template).
+                got = await outcome(lambda: self.call(view, method, args, kwargs, take), attempt == "warm")
                 assert got == expected, (self.mode, i, attempt, op, got, expected)
                 if self.owner is not None and got[0] == "returned" and take is None:
                     await self.admitted(before)
@@ -708,10 +729,16 @@ def test_a_cached_view_acts_as_the_pymongo_collection_it_wraps(mode, server_uri,
 
     if SEED is not None:
         run = seed(int(SEED))(run)
+    # Templates from an entry's first hit: the third read of a read is then
+    # a template hit (under the default codec options).
+    hits_before_template = _native._template_hits(1)
     try:
         run()
         snap = harness.manager.snapshot()
     finally:
+        _native._template_hits(hits_before_template)
         harness.close()
-    # The cache was really exercised: most examples were served hits.
+    # The cache was really exercised: most examples were served hits, some
+    # of them from templates.
     assert snap.admissions > 0 and snap.hits >= _examples(mode), snap
+    assert snap.template_hits > 0, snap

@@ -92,6 +92,7 @@ def _values(tmp_path: Path) -> dict[str, object]:
         "stream_scope": 0,
         "arena_fd": -1,
         "segment_fd": -1,
+        "template_bytes": 0,
     }
 
 

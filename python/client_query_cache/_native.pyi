@@ -88,6 +88,7 @@ class Cache:
         tls_ca_dir: str | None = None,
         tls_crl_file: str | None = None,
         stream_scope: int = 0,
+        template_bytes: int = 0,
     ) -> Cache:
         """A process-local cache: an arena in private memory that this process
         admits to, and one change-stream follower for the registered
@@ -97,7 +98,9 @@ class Cache:
         ``uri`` turns TLS on without ``tlsCAFile`` (the platform's trust
         store, _core/trust.py); ``None``: libmongoc's default.
         ``tls_crl_file``: a revocation list the followers check the server's
-        certificate against (the connection string's ``tlsCRLFile``)."""
+        certificate against (the connection string's ``tlsCRLFile``).
+        ``template_bytes``: the budget of the templates of hit entries
+        (csrc/template.h; 0: none)."""
 
     @classmethod
     def owner(
@@ -136,12 +139,14 @@ class Cache:
         forked_error: type[BaseException],
         arena_fd: int = -1,
         segment_fd: int = -1,
+        template_bytes: int = 0,
     ) -> Cache:
         """A shared cache's worker: maps the owner's arena read-only (the
         file at ``arena_path``, or the memfd ``arena_fd`` the owner handed
         over, which must be sealed against shrinking) and creates its ring
         at ``segment_path`` or in the empty memfd ``segment_fd``;
-        admissions go to the ring. The descriptors stay the caller's."""
+        admissions go to the ring. The descriptors stay the caller's.
+        ``template_bytes`` as for ``local``."""
 
     @property
     def closed(self) -> bool:
@@ -352,6 +357,18 @@ def _build(data: Buffer, many: bool = ..., elements: bool = ..., /) -> Any:
 
 def _build_hit(data: Buffer, decode: Callable[[bytes, Any], Any], codec_options: Any, /) -> Any:
     """What a hit whose entry is ``data`` returns with this decoder."""
+
+def _template(obj: Any, /) -> tuple[Any, Any] | None:
+    """The template a hit would keep of ``obj`` (csrc/template.h), or None
+    when ``obj`` holds anything but containers and shareable values."""
+
+def _template_copy(template: tuple[Any, Any], /) -> Any:
+    """What a hit served from ``template`` returns: new containers, the same
+    values."""
+
+def _template_hits(n: int, /) -> int:
+    """From now on, in this process, an entry gets its template on the
+    ``n``-th hit of it (default 4); returns the previous ``n``."""
 
 def _build_info() -> dict[str, Any]:
     """Whether the builder is ready, its fast paths, and how this process's

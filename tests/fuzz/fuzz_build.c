@@ -18,6 +18,9 @@
  *   - a hit's steps (cqc_hit_begin, cqc_hit_alloc, cqc_hit_finish) return
  *     what the decoder returns, or raise the same exception class with the
  *     same message;
+ *   - when what the hit returned can be a template (template.h), a hit
+ *     served from it returns the same objects again, sharing no container
+ *     with the first;
  *   - nothing but an Exception is ever raised, and never by cqc_build.
  *
  * Set-up (once): PYTHONMALLOC=malloc (every object allocation goes through
@@ -27,6 +30,7 @@
  * checked to be ready with its fast paths on.
  */
 #include "build.h"
+#include "template.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,8 +183,19 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    memcpy (dst, buf, n);
    hit = taken (cqc_hit_finish (&h), &hit_exc);
    if (want) {
+      size_t tbytes;
+      PyObject *tpl, *copy;
       FUZZ_CHECK (hit, "a hit raised where PyMongo returns");
       check_same (hit, want, "a hit's objects");
+      if ((tpl = cqc_template_of (hit, &tbytes))) {
+         copy = cqc_template_copy (tpl);
+         FUZZ_CHECK (copy, "a template's copy failed");
+         FUZZ_CHECK (copy != hit && copy != PyTuple_GetItem (tpl, 0), "a template hit shares its container");
+         check_same (copy, want, "a template hit's objects");
+         Py_DECREF (copy);
+         Py_DECREF (tpl);
+      }
+      FUZZ_CHECK (!PyErr_Occurred (), "a template left an exception set");
    } else {
       FUZZ_CHECK (!hit, "a hit returned where PyMongo raises");
       check_same_error (hit_exc, want_exc);

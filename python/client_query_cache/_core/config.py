@@ -21,6 +21,7 @@ _MIN_BUDGET = 64 * 1024
 _MAX_BUDGET = 0xF0000000  # the arena addresses payload with 32-bit offsets
 _MIN_AWAIT_MS, _MAX_AWAIT_MS = 10, 60_000
 _MIN_SLOTS, _MAX_SLOTS = 64, 1 << 26
+_MAX_TEMPLATE_BYTES = 1 << 40
 
 
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
@@ -128,7 +129,11 @@ class CacheConfig:
     ``"deployment"`` (default) follows every database on one deployment-wide
     change stream; ``"database"`` opens one stream per database, polled in
     turn by the same thread (what the cache falls back to by itself when
-    the deployment refuses a deployment-wide stream).
+    the deployment refuses a deployment-wide stream). ``template_bytes``
+    bounds this process's templates of the entries it hits (the objects of
+    a hit kept so that the next hits of the entry copy only its containers;
+    docs/api.md): an estimate of their objects' size (default 16 MiB; 0
+    keeps none).
     """
 
     budget_bytes: int = 64 * MiB
@@ -138,6 +143,7 @@ class CacheConfig:
     stream_uri: str | None = None
     max_namespaces: int | None = None
     stream_scope: str = "deployment"
+    template_bytes: int = 16 * MiB
 
     def __post_init__(self) -> None:
         _int_arg("budget_bytes", self.budget_bytes, _MIN_BUDGET, _MAX_BUDGET)
@@ -149,6 +155,7 @@ class CacheConfig:
             check_connection_string("stream_uri", self.stream_uri)
         check_max_namespaces("max_namespaces", self.max_namespaces)
         check_stream_scope("stream_scope", self.stream_scope)
+        _int_arg("template_bytes", self.template_bytes, 0, _MAX_TEMPLATE_BYTES)
 
     @staticmethod
     def default_max_entry_bytes(budget_bytes: object) -> int:

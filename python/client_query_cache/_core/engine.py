@@ -197,6 +197,7 @@ class Engine:
             objectid_type=ObjectId,
             closed_error=CacheClosedError,
             forked_error=CacheForkedError,
+            template_bytes=config.template_bytes,
         )
         if link is None:
             # Used by the followers only where the URI turns TLS on without
@@ -801,6 +802,9 @@ class Engine:
             forced_evictions=stats["forced_evictions"],
             ghost_hits=stats["ghost_hits"],
             reclaimed=stats["dead_reclaimed"],
+            template_hits=stats["template_hits"],
+            templates=stats["templates"],
+            template_bytes=stats["template_bytes"],
         )
 
     def ready(self, database: str | None) -> bool:

@@ -190,6 +190,7 @@ class ManagerBase:
         shared: str | SharedCacheConnection | SharedCacheConfig | None = None,
         max_namespaces: int | None = None,
         stream_scope: str = "deployment",
+        template_bytes: int = 16 * MiB,
     ) -> None:
         if not isinstance(client, self._client_type):
             raise CacheConfigurationError(
@@ -215,6 +216,7 @@ class ManagerBase:
             stream_uri=stream_uri,
             max_namespaces=max_namespaces,
             stream_scope=stream_scope,
+            template_bytes=template_bytes,
         )
         self._client = client
 

@@ -98,6 +98,12 @@ class CacheSnapshot:
     forced_evictions: int = 0
     ghost_hits: int = 0
     reclaimed: int = 0
+    #: This process's templates of the entries it hits (docs/api.md): hits
+    #: served from one (counted in ``hits`` too), templates kept and their
+    #: estimated size (at most the manager's ``template_bytes``).
+    template_hits: int = 0
+    templates: int = 0
+    template_bytes: int = 0
 
     @property
     def bypass_total(self) -> int:
