@@ -140,6 +140,7 @@ def _add_vendored_notices(session: nox.Session, wheel: Path, notices: Path, outd
     half written)."""
     with tempfile.TemporaryDirectory() as tmp:
         unpack, pack = Path(tmp) / "unpacked", Path(tmp) / "packed"
+        pack.mkdir()
         session.run("python", "-m", "wheel", "unpack", "--dest", str(unpack), str(wheel), silent=True)
         (unpacked,) = unpack.iterdir()
         (dist_info,) = unpacked.glob("*.dist-info")
