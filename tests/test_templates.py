@@ -230,10 +230,10 @@ async def _read_is(d: Any, coll: Any, v: int) -> bool:
     return doc["v"] == v and doc["sub"] == {"n": [v]}
 
 
-async def test_the_templates_stay_within_their_budget(d, client, db_name, where, first_hit) -> None:
+async def test_the_templates_stay_within_their_budget(d, client, db_name, first_hit) -> None:
     client[db_name].items.insert_many([{"_id": i, "pad": "x" * 400, "l": list(range(20))} for i in range(200)])
     budget = 16 * 1024
-    cache = where(d, template_bytes=budget)
+    cache = d.manager(template_bytes=budget)
     coll = await d.ready(cache, db_name)
     for _ in range(2):
         for i in range(200):
@@ -245,9 +245,9 @@ async def test_the_templates_stay_within_their_budget(d, client, db_name, where,
     assert cache._engine.native.stats()["template_evictions"] > 0
 
 
-async def test_no_templates_when_their_budget_is_zero(d, client, db_name, where, first_hit) -> None:
+async def test_no_templates_when_their_budget_is_zero(d, client, db_name, first_hit) -> None:
     client[db_name].items.insert_one(SHAREABLE)
-    cache = where(d, template_bytes=0)
+    cache = d.manager(template_bytes=0)
     coll = await d.ready(cache, db_name)
     await d.served(cache, lambda: coll.find_one({"_id": 0}))
     for _ in range(3):
