@@ -33,7 +33,7 @@ from pymongo.read_preferences import ReadPreference
 from client_query_cache import BypassReason
 from client_query_cache._core.classify import ReadPlan, classify_find_one, classify_id
 from client_query_cache._core.engine import NO_STAMP
-from support import ARGUMENT_BYPASSES, Driver, async_outcome, bypass_delta, stream_of, wait_until
+from support import ARGUMENT_BYPASSES, Driver, async_outcome, bypass_delta, stream_of, stream_passed_now, wait_until
 
 
 async def _by_id(d: Driver, coll: Any, _id: Any) -> Any:
@@ -345,6 +345,11 @@ async def test_a_collection_recreated_with_a_collation_is_read_under_it(d, clien
     ci.insert_many([{"_id": "a", "v": "collated"}, {"_id": "z", "v": 0}])
 
     await d.wait_until(_read_is(d, coll, "a", {"_id": "a", "v": "collated"}), what="the new collection is read")
+    # That read saw the new collection's inserts; until the stream has
+    # applied them too, each one's event still invalidates the entry (a
+    # collated identity entry is validated by its namespace), and a slow run
+    # saw the second read below miss for it.
+    await d.wait_until(stream_passed_now(cache, db_name), what="the stream passes the new collection's inserts")
     await _cache_twice(d, cache, coll, "a", {"_id": "a", "v": "collated"})
     # Under a collation {"_id": "a"} may match other documents: its entry is
     # validated by the namespace, and a write to another document reaches it.
