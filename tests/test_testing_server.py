@@ -120,6 +120,35 @@ def test_failed_start_raises_with_the_server_output() -> None:
         assert first.running  # the first server is untouched
 
 
+def test_a_picked_port_another_process_takes_first_is_replaced(monkeypatch) -> None:
+    # Between picking a free port and the server's bind, another process
+    # (another test worker's server, say) may take it: the first start then
+    # tries another port. A port the caller gave is never replaced.
+    from client_query_cache import testing
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = iter([busy])
+        real = testing._free_port
+        monkeypatch.setattr(testing, "_free_port", lambda: next(ports, None) or real())
+        server = DisposableServer()
+        try:
+            server.start()
+            assert server.port != busy
+            with pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=10_000) as c:
+                assert c.admin.command("ping")["ok"] == 1
+        finally:
+            server.close()
+        given = DisposableServer(port=busy)
+        try:
+            with pytest.raises(RuntimeError, match="Address already in use"):
+                given.start(timeout=30)
+        finally:
+            given.close()
+
+
 def test_without_the_test_extra_the_error_names_it(monkeypatch) -> None:
     # SecantusDB neither installed as a script nor importable: the extra
     # that brings it is named, before any process is started.

@@ -134,6 +134,15 @@ def _check_path(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a str, an os.PathLike or None, not {type(value).__name__}")
 
 
+#: First starts on a picked port that another process took: how many ports
+#: to try in all.
+PORT_ATTEMPTS = 3
+
+
+class _PortTaken(RuntimeError):
+    """The server could not bind the port picked for it."""
+
+
 def _free_port() -> int:
     """A port that was free on 127.0.0.1 a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -282,6 +291,11 @@ class DisposableServer:
             self._res.temp_dirs.append(storage_path)
         self._storage_path = os.fspath(storage_path)
         self._port = port if port is not None else _free_port()
+        # A port picked here may be taken by another process before the
+        # server binds it: the first start then tries another (restarts keep
+        # the port the server has had).
+        self._port_picked = port is None
+        self._started = False
         self._oplog_retention_seconds = oplog_retention_seconds
         self._oplog_max_entries = oplog_max_entries
         self._noop_interval_seconds = noop_interval_seconds
@@ -344,13 +358,28 @@ class DisposableServer:
         """Start the server and return once it accepts connections.
 
         Raises RuntimeError, with the server's output, if it exits early or
-        does not report that it is listening within ``timeout`` seconds.
+        does not report that it is listening within ``timeout`` seconds. On
+        a port it picked itself, a first start that finds the port taken by
+        another process (between the pick and the server's bind) tries
+        another port, up to PORT_ATTEMPTS times in all.
         """
         _check_seconds("timeout", timeout)
         if self._closed:
             raise RuntimeError("DisposableServer is closed")
         if self.running:
             raise RuntimeError(f"server already running (pid {self.pid})")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_once(timeout)
+            except _PortTaken:
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                self._port = _free_port()
+                continue
+            self._started = True
+            return
+
+    def _start_once(self, timeout: float) -> None:
         _terminate(self._res, 0)  # reap a process that died on its own
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         cmd = self._command()
@@ -384,11 +413,16 @@ class DisposableServer:
             problem = f"listens on an unexpected address: {pump.ready_line!r}"
         if problem is not None:
             _terminate(self._res, 5.0)
-            raise RuntimeError(
+            error = _PortTaken if self._port_taken(pump.tail()) else RuntimeError
+            raise error(
                 f"SecantusDB server {problem}.\n"
                 f"command: {' '.join(cmd)}\n"
                 f"output:\n{pump.tail() or '(none)'}"
             )
+
+    def _port_taken(self, output: str) -> bool:
+        """Whether a failed first start found its picked port in use."""
+        return self._port_picked and not self._started and "Address already in use" in output
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM the server, SIGKILL it after ``timeout`` s. Idempotent."""
