@@ -50,7 +50,12 @@ def _read_is(d: Driver, coll: Any, _id: Any, expected: Any) -> Callable[[], Awai
 
 
 async def _cache_twice(d: Driver, cache: Any, coll: Any, _id: Any, expected: Any) -> None:
-    """Read _id twice and check that the second read was a hit."""
+    """Read _id twice and check that the second read was a hit: once the
+    stream has passed what the process saw (another client's writes, read
+    by a miss before, may otherwise invalidate the entry between the two
+    reads when their events come in late)."""
+    assert await _by_id(d, coll, _id) == expected
+    await d.wait_until(stream_passed_now(cache, coll.database.name), what="the stream passes what was read")
     assert await _by_id(d, coll, _id) == expected
     hits = cache.snapshot().hits
     assert await _by_id(d, coll, _id) == expected
