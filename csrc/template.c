@@ -1,12 +1,18 @@
 /*
  * template.c - templates of hit entries (template.h says what and why).
  *
- * A template is a tuple (tree, plan). tree is the template's own copy of
- * the built object's containers, around the built object's values; plan
- * says where, in each container, the containers nested in it are: None
- * for a container holding none, else a tuple (key or index, plan, ...). A
- * copy of a container is one PyDict_Copy or list slice (which share the
- * values), then a copy of each nested container put in its place.
+ * A template is a tuple (tree, plan, lines). tree is the template's own
+ * copy of the built object's containers, around the built object's values;
+ * plan says where, in each container, the containers nested in it are:
+ * None for a container holding none, else a tuple (key or index, plan,
+ * ...). A copy of a container is one PyDict_Copy or list slice (which share
+ * the values), then a copy of each nested container put in its place.
+ * lines (bytes) holds the address of every object the copy reads or
+ * changes the reference count of: the copy prefetches them all before it
+ * starts, so that a template not in the CPU's caches costs about one
+ * memory latency rather than one per object (its objects are scattered
+ * over the heap, and a hit of an entry not hit recently finds none of them
+ * cached).
  *
  * The store is a set-associative table (WAYS templates per set, by the
  * entry's key hash), under the GIL. Nothing it frees runs Python code: a
@@ -119,19 +125,84 @@ add_size (PyObject *o, size_t *bytes)
 /* Making and copying a template                                            */
 /* ======================================================================== */
 
-static PyObject *make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan);
+/* The addresses a copy of the template prefetches. */
+typedef struct {
+   const void **at;
+   size_t n, cap;
+   bool failed;
+} lines_t;
+
+static void
+lines_add (lines_t *l, const void *p)
+{
+   if (l->n == l->cap) {
+      size_t cap = l->cap ? 2 * l->cap : 64;
+      const void **at = l->failed ? NULL : realloc (l->at, cap * sizeof *at);
+      if (!at) {
+         l->failed = true;
+         return;
+      }
+      l->at = at;
+      l->cap = cap;
+   }
+   l->at[l->n++] = p;
+}
+
+/* Every cache line of the tuple (its items are inline in the object, in
+ * every CPython: a hint as lines_add_storage's). */
+static void
+lines_add_tuple (lines_t *l, PyObject *t)
+{
+   const char *p = (const char *) t;
+   size_t size = sizeof (PyObject) + sizeof (Py_ssize_t) + (size_t) PyTuple_Size (t) * sizeof (PyObject *);
+   size_t off;
+
+   for (off = 0; off < size; off += 64) {
+      lines_add (l, p + off);
+   }
+}
+
+/* The lines of a container's own storage, which a copy reads: a dict's
+ * keys table (PyDict_Copy copies it whole), a list's array of items. Their
+ * addresses are in the objects' structs, which the limited API does not
+ * describe: read from where CPython 3.11 to 3.14 keep them (PyDictObject's
+ * ma_keys, PyListObject's ob_item: the fifth and fourth words of the
+ * object), a hint only: a prefetch of any address is harmless, so on a
+ * CPython laid out otherwise the copy is as correct, only slower. The words
+ * read are inside the objects (a dict or a list is larger). */
+static void
+lines_add_storage (lines_t *l, PyObject *node)
+{
+   const char *p;
+   size_t n, size, off;
+
+   if (PyDict_CheckExact (node)) {
+      p = ((const char *const *) node)[4];
+      n = (size_t) PyDict_Size (node);
+      size = 48 + 3 * n * sizeof (void *); /* header, indices, entries: a bound */
+   } else {
+      p = ((const char *const *) node)[3];
+      n = (size_t) PyList_Size (node);
+      size = n * sizeof (void *);
+   }
+   for (off = 0; off < size; off += 64) {
+      lines_add (l, p + off);
+   }
+}
+
+static PyObject *make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan, lines_t *lines);
 
 /* The template's version of the value v at `at` (a key or an index) of a
  * container: v itself when it is shared (nothing added to the plan), a
  * template of it when it is a container (its plan appended to `plan`, a
  * list of key, plan, ...), NULL when it is neither. A new reference. */
 static PyObject *
-make_value (PyObject *v, PyObject *at, int depth, size_t *bytes, PyObject *plan)
+make_value (PyObject *v, PyObject *at, int depth, size_t *bytes, PyObject *plan, lines_t *lines)
 {
    PyObject *sub = NULL, *node;
 
    if (PyDict_CheckExact (v) || PyList_CheckExact (v)) {
-      if (!(node = make_node (v, depth + 1, bytes, &sub))) {
+      if (!(node = make_node (v, depth + 1, bytes, &sub, lines))) {
          return NULL;
       }
       if (PyList_Append (plan, at) < 0 || PyList_Append (plan, sub) < 0) {
@@ -144,13 +215,16 @@ make_value (PyObject *v, PyObject *at, int depth, size_t *bytes, PyObject *plan)
    if (!shareable (v) || !add_size (v, bytes)) {
       return NULL;
    }
+   if (v != Py_None && !PyBool_Check (v)) {
+      lines_add (lines, v);
+   }
    return Py_NewRef (v);
 }
 
 /* A container's template: a new container of the same type, its values
  * made by make_value; *plan None or the tuple of its nested containers. */
 static PyObject *
-make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan)
+make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan, lines_t *lines)
 {
    PyObject *node = NULL, *nested = NULL, *k, *v;
    Py_ssize_t pos = 0, i, n;
@@ -162,10 +236,11 @@ make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan)
       if (!(node = PyDict_New ())) {
          goto fail;
       }
+      lines_add (lines, node);
       while (PyDict_Next (o, &pos, &k, &v)) {
          PyObject *t;
          int r;
-         if (!PyUnicode_CheckExact (k) || !(t = make_value (v, k, depth, bytes, nested))) {
+         if (!PyUnicode_CheckExact (k) || !(t = make_value (v, k, depth, bytes, nested, lines))) {
             goto fail;
          }
          r = PyDict_SetItem (node, k, t);
@@ -179,20 +254,25 @@ make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan)
       if (n < 0 || !(node = PyList_New (n))) {
          goto fail;
       }
+      lines_add (lines, node);
       for (i = 0; i < n; i++) {
          PyObject *at = PyLong_FromSsize_t (i), *t;
-         t = at ? make_value (PyList_GetItem (o, i), at, depth, bytes, nested) : NULL;
+         t = at ? make_value (PyList_GetItem (o, i), at, depth, bytes, nested, lines) : NULL;
          Py_XDECREF (at);
          if (!t || PyList_SetItem (node, i, t) < 0) {
             goto fail;
          }
       }
    }
+   lines_add_storage (lines, node);
    *plan = PyList_Size (nested) ? PyList_AsTuple (nested) : Py_NewRef (Py_None);
    Py_DECREF (nested);
    if (!*plan) {
       Py_DECREF (node);
       return NULL;
+   }
+   if (*plan != Py_None) {
+      lines_add_tuple (lines, *plan);
    }
    return node;
 fail:
@@ -204,16 +284,24 @@ fail:
 PyObject *
 cqc_template_of (PyObject *built, size_t *bytes)
 {
-   PyObject *tree, *plan = NULL, *tpl;
+   PyObject *tree, *plan = NULL, *at = NULL, *tpl = NULL;
+   lines_t lines = {NULL, 0, 0, false};
 
    *bytes = 0;
    if (!ready () || (!PyDict_CheckExact (built) && !PyList_CheckExact (built))) {
       return NULL;
    }
-   tree = make_node (built, 0, bytes, &plan);
-   tpl = tree ? PyTuple_Pack (2, tree, plan) : NULL;
+   tree = make_node (built, 0, bytes, &plan, &lines);
+   if (tree && !lines.failed) {
+      at = PyBytes_FromStringAndSize ((const char *) lines.at, (Py_ssize_t) (lines.n * sizeof *lines.at));
+   }
+   if (at && add_size (at, bytes)) {
+      tpl = PyTuple_Pack (3, tree, plan, at);
+   }
+   free (lines.at);
    Py_XDECREF (tree);
    Py_XDECREF (plan);
+   Py_XDECREF (at);
    PyErr_Clear ();
    return tpl;
 }
@@ -261,9 +349,24 @@ copy_node (PyObject *o, PyObject *plan)
    return n;
 }
 
+/* Ask for every line of the template: the loads then overlap (a prefetch
+ * never faults, and these addresses are the template's own live objects). */
+static void
+prefetch_lines (PyObject *tpl)
+{
+   PyObject *lines = PyTuple_GetItem (tpl, 2);
+   const void *const *at = (const void *const *) PyBytes_AsString (lines);
+   Py_ssize_t i, n = PyBytes_Size (lines) / (Py_ssize_t) sizeof *at;
+
+   for (i = 0; i < n; i++) {
+      __builtin_prefetch (at[i], 1, 3);
+   }
+}
+
 PyObject *
 cqc_template_copy (PyObject *tpl)
 {
+   prefetch_lines (tpl);
    return copy_node (PyTuple_GetItem (tpl, 0), PyTuple_GetItem (tpl, 1));
 }
 
@@ -595,7 +698,7 @@ mod_template (PyObject *Py_UNUSED (m), PyObject *obj)
 static PyObject *
 mod_template_copy (PyObject *Py_UNUSED (m), PyObject *tpl)
 {
-   if (!PyTuple_Check (tpl) || PyTuple_Size (tpl) != 2) {
+   if (!PyTuple_Check (tpl) || PyTuple_Size (tpl) != 3 || !PyBytes_Check (PyTuple_GetItem (tpl, 2))) {
       PyErr_SetString (PyExc_TypeError, "not a template");
       return NULL;
    }
