@@ -148,61 +148,114 @@ lines_add (lines_t *l, const void *p)
    l->at[l->n++] = p;
 }
 
-/* Every cache line of the tuple (its items are inline in the object, in
- * every CPython: a hint as lines_add_storage's). */
-static void
-lines_add_tuple (lines_t *l, PyObject *t)
+/* How many lines lines_add_range adds for `size` bytes. */
+static size_t
+range_lines (size_t size)
 {
-   const char *p = (const char *) t;
-   size_t size = sizeof (PyObject) + sizeof (Py_ssize_t) + (size_t) PyTuple_Size (t) * sizeof (PyObject *);
+   return (size + 63) / 64;
+}
+
+static void
+lines_add_range (lines_t *l, const void *p, size_t size)
+{
    size_t off;
 
    for (off = 0; off < size; off += 64) {
-      lines_add (l, p + off);
+      lines_add (l, (const char *) p + off);
    }
 }
 
-/* The lines of a container's own storage, which a copy reads: a dict's
- * keys table (PyDict_Copy copies it whole), a list's array of items. Their
- * addresses are in the objects' structs, which the limited API does not
- * describe: read from where CPython 3.11 to 3.14 keep them (PyDictObject's
- * ma_keys, PyListObject's ob_item: the fifth and fourth words of the
- * object), a hint only: a prefetch of any address is harmless, so on a
- * CPython laid out otherwise the copy is as correct, only slower. The words
- * read are inside the objects (a dict or a list is larger). */
-static void
-lines_add_storage (lines_t *l, PyObject *node)
+/* The bytes of a plan tuple (its items are inline in the object, in every
+ * CPython). */
+static size_t
+plan_size (PyObject *plan)
 {
-   const char *p;
-   size_t n, size, off;
+   return plan == Py_None ? 0
+                          : sizeof (PyObject) + sizeof (Py_ssize_t) +
+                               (size_t) PyTuple_Size (plan) * sizeof (PyObject *);
+}
 
+/* A container's own storage, which a copy reads: a dict's keys table
+ * (PyDict_Copy copies it whole), a list's array of items. Their addresses
+ * are in the objects' structs, which the limited API does not describe:
+ * read from where CPython 3.11 to 3.14 keep them (PyDictObject's ma_keys,
+ * PyListObject's ob_item: the fifth and fourth words of the object). A
+ * hint only: a prefetch of any address is harmless, so on a CPython laid
+ * out otherwise a copy is as correct, only slower. The words read are
+ * inside the objects (a dict or a list is larger). */
+static const void *
+storage_of (PyObject *node, size_t *size)
+{
    if (PyDict_CheckExact (node)) {
-      p = ((const char *const *) node)[4];
-      n = (size_t) PyDict_Size (node);
-      size = 48 + 3 * n * sizeof (void *); /* header, indices, entries: a bound */
-   } else {
-      p = ((const char *const *) node)[3];
-      n = (size_t) PyList_Size (node);
-      size = n * sizeof (void *);
+      /* header, indices, entries: a bound */
+      *size = 48 + 3 * (size_t) PyDict_Size (node) * sizeof (void *);
+      return ((const void *const *) node)[4];
    }
-   for (off = 0; off < size; off += 64) {
-      lines_add (l, p + off);
+   *size = (size_t) PyList_Size (node) * sizeof (void *);
+   return ((const void *const *) node)[3];
+}
+
+/* How many lines collect_lines adds for the container itself (not its
+ * nested containers): the same count at the copy, which follows it. */
+static size_t
+node_lines (PyObject *node, PyObject *plan)
+{
+   size_t storage;
+   Py_ssize_t n = PyDict_CheckExact (node) ? PyDict_Size (node) : PyList_Size (node);
+
+   storage_of (node, &storage);
+   return 1 + range_lines (storage) + (size_t) n + range_lines (plan_size (plan));
+}
+
+/* The lines a copy of `node` touches, in the order it touches them: the
+ * container, its storage, its values, its plan, then each nested
+ * container's the same way, in the plan's order. */
+static void
+collect_lines (PyObject *node, PyObject *plan, lines_t *l)
+{
+   bool dict = PyDict_CheckExact (node);
+   Py_ssize_t pos = 0, i, n;
+   PyObject *k, *v;
+   size_t storage;
+   const void *p = storage_of (node, &storage);
+
+   lines_add (l, node);
+   lines_add_range (l, p, storage);
+   if (dict) {
+      while (PyDict_Next (node, &pos, &k, &v)) {
+         lines_add (l, v);
+      }
+   } else {
+      for (i = 0, n = PyList_Size (node); i < n; i++) {
+         lines_add (l, PyList_GetItem (node, i));
+      }
+   }
+   if (plan == Py_None) {
+      return;
+   }
+   lines_add_range (l, plan, plan_size (plan));
+   for (i = 0, n = PyTuple_Size (plan); i + 1 < n; i += 2) {
+      PyObject *at = PyTuple_GetItem (plan, i);
+      PyObject *child = dict ? PyDict_GetItem (node, at) : PyList_GetItem (node, PyLong_AsSsize_t (at));
+      if (child) {
+         collect_lines (child, PyTuple_GetItem (plan, i + 1), l);
+      }
    }
 }
 
-static PyObject *make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan, lines_t *lines);
+static PyObject *make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan);
 
 /* The template's version of the value v at `at` (a key or an index) of a
  * container: v itself when it is shared (nothing added to the plan), a
  * template of it when it is a container (its plan appended to `plan`, a
  * list of key, plan, ...), NULL when it is neither. A new reference. */
 static PyObject *
-make_value (PyObject *v, PyObject *at, int depth, size_t *bytes, PyObject *plan, lines_t *lines)
+make_value (PyObject *v, PyObject *at, int depth, size_t *bytes, PyObject *plan)
 {
    PyObject *sub = NULL, *node;
 
    if (PyDict_CheckExact (v) || PyList_CheckExact (v)) {
-      if (!(node = make_node (v, depth + 1, bytes, &sub, lines))) {
+      if (!(node = make_node (v, depth + 1, bytes, &sub))) {
          return NULL;
       }
       if (PyList_Append (plan, at) < 0 || PyList_Append (plan, sub) < 0) {
@@ -215,16 +268,13 @@ make_value (PyObject *v, PyObject *at, int depth, size_t *bytes, PyObject *plan,
    if (!shareable (v) || !add_size (v, bytes)) {
       return NULL;
    }
-   if (v != Py_None && !PyBool_Check (v)) {
-      lines_add (lines, v);
-   }
    return Py_NewRef (v);
 }
 
 /* A container's template: a new container of the same type, its values
  * made by make_value; *plan None or the tuple of its nested containers. */
 static PyObject *
-make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan, lines_t *lines)
+make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan)
 {
    PyObject *node = NULL, *nested = NULL, *k, *v;
    Py_ssize_t pos = 0, i, n;
@@ -236,11 +286,10 @@ make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan, lines_t *line
       if (!(node = PyDict_New ())) {
          goto fail;
       }
-      lines_add (lines, node);
       while (PyDict_Next (o, &pos, &k, &v)) {
          PyObject *t;
          int r;
-         if (!PyUnicode_CheckExact (k) || !(t = make_value (v, k, depth, bytes, nested, lines))) {
+         if (!PyUnicode_CheckExact (k) || !(t = make_value (v, k, depth, bytes, nested))) {
             goto fail;
          }
          r = PyDict_SetItem (node, k, t);
@@ -254,25 +303,20 @@ make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan, lines_t *line
       if (n < 0 || !(node = PyList_New (n))) {
          goto fail;
       }
-      lines_add (lines, node);
       for (i = 0; i < n; i++) {
          PyObject *at = PyLong_FromSsize_t (i), *t;
-         t = at ? make_value (PyList_GetItem (o, i), at, depth, bytes, nested, lines) : NULL;
+         t = at ? make_value (PyList_GetItem (o, i), at, depth, bytes, nested) : NULL;
          Py_XDECREF (at);
          if (!t || PyList_SetItem (node, i, t) < 0) {
             goto fail;
          }
       }
    }
-   lines_add_storage (lines, node);
    *plan = PyList_Size (nested) ? PyList_AsTuple (nested) : Py_NewRef (Py_None);
    Py_DECREF (nested);
    if (!*plan) {
       Py_DECREF (node);
       return NULL;
-   }
-   if (*plan != Py_None) {
-      lines_add_tuple (lines, *plan);
    }
    return node;
 fail:
@@ -291,7 +335,10 @@ cqc_template_of (PyObject *built, size_t *bytes)
    if (!ready () || (!PyDict_CheckExact (built) && !PyList_CheckExact (built))) {
       return NULL;
    }
-   tree = make_node (built, 0, bytes, &plan, &lines);
+   tree = make_node (built, 0, bytes, &plan);
+   if (tree) {
+      collect_lines (tree, plan, &lines);
+   }
    if (tree && !lines.failed) {
       at = PyBytes_FromStringAndSize ((const char *) lines.at, (Py_ssize_t) (lines.n * sizeof *lines.at));
    }
@@ -306,15 +353,37 @@ cqc_template_of (PyObject *built, size_t *bytes)
    return tpl;
 }
 
+/* The prefetches of a copy: the template's lines (collect_lines' order),
+ * how many the containers copied so far account for, how many asked for. */
+typedef struct {
+   const void *const *at;
+   size_t n, used, asked;
+} ahead_t;
+
+/* Lines asked for beyond those of the container being copied: enough to
+ * keep the CPU's outstanding misses busy while it copies. */
+#define LEAD 32
+
 /* A copy of the container o: a new one sharing o's values, with a copy of
- * each nested container (plan) in its place. */
+ * each nested container (plan) in its place. Asks first for its own lines
+ * and LEAD more, so that the loads of what comes next overlap this copy. */
 static PyObject *
-copy_node (PyObject *o, PyObject *plan)
+copy_node (PyObject *o, PyObject *plan, ahead_t *a)
 {
    bool dict = PyDict_CheckExact (o);
-   PyObject *n = dict ? PyDict_Copy (o) : PyList_GetSlice (o, 0, PY_SSIZE_T_MAX);
+   PyObject *n;
    Py_ssize_t i, np;
+   size_t upto;
 
+   if ((!dict && !PyList_CheckExact (o)) || (plan != Py_None && !PyTuple_CheckExact (plan))) {
+      PyErr_SetString (PyExc_TypeError, "not a template");
+      return NULL;
+   }
+   a->used += node_lines (o, plan);
+   for (upto = a->used + LEAD < a->n ? a->used + LEAD : a->n; a->asked < upto; a->asked++) {
+      __builtin_prefetch (a->at[a->asked], 1, 3);
+   }
+   n = dict ? PyDict_Copy (o) : PyList_GetSlice (o, 0, PY_SSIZE_T_MAX);
    if (!n || plan == Py_None) {
       return n;
    }
@@ -328,7 +397,7 @@ copy_node (PyObject *o, PyObject *plan)
       } else {
          child = PyList_GetItem (o, PyLong_AsSsize_t (at));
       }
-      if (!child || !(c = copy_node (child, PyTuple_GetItem (plan, i + 1)))) {
+      if (!child || !(c = copy_node (child, PyTuple_GetItem (plan, i + 1), a))) {
          if (!PyErr_Occurred ()) {
             PyErr_SetString (PyExc_RuntimeError, "a template lost a container");
          }
@@ -349,25 +418,14 @@ copy_node (PyObject *o, PyObject *plan)
    return n;
 }
 
-/* Ask for every line of the template: the loads then overlap (a prefetch
- * never faults, and these addresses are the template's own live objects). */
-static void
-prefetch_lines (PyObject *tpl)
-{
-   PyObject *lines = PyTuple_GetItem (tpl, 2);
-   const void *const *at = (const void *const *) PyBytes_AsString (lines);
-   Py_ssize_t i, n = PyBytes_Size (lines) / (Py_ssize_t) sizeof *at;
-
-   for (i = 0; i < n; i++) {
-      __builtin_prefetch (at[i], 1, 3);
-   }
-}
-
 PyObject *
 cqc_template_copy (PyObject *tpl)
 {
-   prefetch_lines (tpl);
-   return copy_node (PyTuple_GetItem (tpl, 0), PyTuple_GetItem (tpl, 1));
+   PyObject *lines = PyTuple_GetItem (tpl, 2);
+   ahead_t a = {(const void *const *) PyBytes_AsString (lines), 0, 0, 0};
+
+   a.n = (size_t) PyBytes_Size (lines) / sizeof *a.at;
+   return copy_node (PyTuple_GetItem (tpl, 0), PyTuple_GetItem (tpl, 1), &a);
 }
 
 /* ======================================================================== */

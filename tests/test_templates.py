@@ -291,3 +291,7 @@ def test_what_is_a_template_and_what_its_copies_are() -> None:
                   bson.son.SON(a=1), type("Str", (str,), {})("x")):  # fmt: skip
         assert _native._template({"_id": 1, "v": [{"w": value}]}) is None, value
     assert _native._template("not a container") is None
+    # A tuple that no template made is refused, whatever its addresses say.
+    for bogus in ((None, None, b""), ({"a": 1}, ["a"], b""), ([1], ("x", None), b"\x00" * 64), (tpl[0], tpl[1])):
+        with pytest.raises((TypeError, IndexError)):
+            _native._template_copy(bogus)
