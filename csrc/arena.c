@@ -368,6 +368,24 @@ access_mark (const cqc_arena_t *a, uint64_t hash, uint32_t gen)
    }
 }
 
+void
+cqc_arena_r_prefetch (const cqc_arena_t *a, uint64_t hash)
+{
+   __builtin_prefetch (&a->slots[(uint32_t) hash & (a->geo.slot_count - 1)], 0, 3);
+   if (a->access) {
+      __builtin_prefetch (&a->access[(uint32_t) (hash >> 32) & a->access_mask], 1, 3);
+   }
+}
+
+void
+cqc_arena_r_prefetch_block (const cqc_arena_t *a, uint64_t block_off)
+{
+   if (block_off + CQC_BLOCK_HEADER < a->ring_bytes) {
+      __builtin_prefetch (a->ring + block_off, 0, 3);
+      __builtin_prefetch (a->ring + block_off + CQC_BLOCK_HEADER, 0, 3);
+   }
+}
+
 cqc_lookup_t
 cqc_arena_r_lookup (const cqc_arena_t *a, uint32_t ns_idx, uint64_t hash, const uint8_t *key,
                     uint32_t key_len, cqc_alloc_fn alloc, cqc_discard_fn discard, void *ctx)

@@ -456,6 +456,15 @@ cqc_lookup_t cqc_arena_r_lookup_entry (const cqc_arena_t *a, uint32_t ns_idx, ui
                                        cqc_discard_fn discard, cqc_held_fn held, void *ctx,
                                        cqc_stamp_t *stamp, uint32_t *cell, cqc_entry_id_t *id);
 
+/* Hints for a lookup about to run, so that its loads overlap: the home
+ * slot of `hash` and its access cell (cqc_arena_r_prefetch), the header and
+ * key of the block at block_off when it lies in the ring (a block a reader
+ * saw there before: cqc_arena_r_prefetch_block). Prefetches only: nothing
+ * is read, and an address that no longer holds what it did costs a wasted
+ * load, never a wrong result. */
+void cqc_arena_r_prefetch (const cqc_arena_t *a, uint64_t hash);
+void cqc_arena_r_prefetch_block (const cqc_arena_t *a, uint64_t block_off);
+
 /* Whether the entry `id` names is still in its slot and current (its
  * generations, its namespace's epoch, its database's incarnation): how a
  * reader finds what it keeps of entries since invalidated or evicted. */

@@ -415,8 +415,8 @@ seen_held (void *ctx, cqc_entry_id_t *id)
 
 cqc_served_t
 cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
-                  cqc_alloc_fn alloc, cqc_discard_fn discard, cqc_held_fn held, void *ctx,
-                  cqc_entry_id_t *id)
+                  uint64_t key_hash, cqc_alloc_fn alloc, cqc_discard_fn discard,
+                  cqc_held_fn held, void *ctx, cqc_entry_id_t *id)
 {
    bool stalled;
    cqc_lookup_t r;
@@ -433,7 +433,7 @@ cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx, const cqc_ke
    /* What the stream has covered, loaded (acquire) before the lookup: the
     * entry it then validates reflects every invalidation this covers. */
    cqc_floor_covered (&c->arena, db_idx, &cov);
-   found.key_hash = cqc_hash_bytes (k->buf, k->len, 0);
+   found.key_hash = key_hash;
    id->held = false;
    r = cqc_arena_r_lookup_entry (&c->arena, ns_idx, found.key_hash, k->buf, k->len, seen_alloc,
                                  seen_discard, held ? seen_held : NULL, &copy, &stamp, &cell, id);

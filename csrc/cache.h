@@ -121,12 +121,14 @@ typedef enum {
    CQC_SERVE_BEHIND = 4,    /* found, but behind the causal floor: not served */
 } cqc_served_t;
 
-/* Look a built key up (indexes in range); on a hit the value went to
- * alloc's buffer, or `held` (may be NULL) said the reader holds the entry
- * (cqc_arena_r_lookup_entry), and *id is the entry's. Counts the outcome. */
+/* Look a built key up (indexes in range; key_hash: cqc_hash_bytes of its
+ * bytes, seed 0); on a hit the value went to alloc's buffer, or `held` (may
+ * be NULL) said the reader holds the entry (cqc_arena_r_lookup_entry), and
+ * *id is the entry's. Counts the outcome. */
 cqc_served_t cqc_cache_lookup (cqc_cache_t *c, uint32_t ns_idx, uint32_t db_idx,
-                               const cqc_key_t *k, cqc_alloc_fn alloc, cqc_discard_fn discard,
-                               cqc_held_fn held, void *ctx, cqc_entry_id_t *id);
+                               const cqc_key_t *k, uint64_t key_hash, cqc_alloc_fn alloc,
+                               cqc_discard_fn discard, cqc_held_fn held, void *ctx,
+                               cqc_entry_id_t *id);
 
 /* The admission token of a read of ns_idx with this filter; false when the
  * stream does not serve (the read then bypasses). */

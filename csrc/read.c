@@ -51,6 +51,7 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
 {
    cqc_served_t served;
    cqc_key_t k;
+   uint64_t key_hash;
    cqc_entry_id_t id;
    read_hit_t r = {.templates = NULL, .tpl = NULL};
    uint64_t value_hash = 0;
@@ -59,13 +60,21 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
    if (!set_key_error (cqc_key_build (&k, kind, ns_idx, filter, flen, rest, rlen))) {
       return NULL;
    }
+   /* The lookup's first loads (the slot, the template's way, the block
+    * the template was made of) depend on one another: asked for together
+    * here, they overlap. */
+   key_hash = cqc_hash_bytes (k.buf, k.len, 0);
+   cqc_arena_r_prefetch (&self->c.arena, key_hash);
+   if (self->templates) {
+      cqc_templates_prefetch (self->templates, key_hash);
+   }
    cqc_hit_begin (&r.hit, decode, codec_options);
    if (self->templates && r.hit.how != CQC_HIT_DECODE) {
       r.templates = self->templates;
       r.kind = (int) r.hit.how | (r.hit.elements ? 4 : 0);
    }
-   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, cqc_hit_alloc, cqc_hit_discard,
-                              r.templates ? held_template : NULL, &r, &id);
+   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, key_hash, cqc_hit_alloc,
+                              cqc_hit_discard, r.templates ? held_template : NULL, &r, &id);
    cqc_key_free (&k);
    if (served != CQC_SERVE_HIT) {
       PyObject *answer[] = {[CQC_SERVE_NOT_FOUND] = Py_None, [CQC_SERVE_MISS] = cqc_miss,
