@@ -51,7 +51,7 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
 {
    cqc_served_t served;
    cqc_key_t k;
-   uint64_t key_hash;
+   uint64_t key_hash, block_off;
    cqc_entry_id_t id;
    read_hit_t r = {.templates = NULL, .tpl = NULL};
    uint64_t value_hash = 0;
@@ -65,8 +65,8 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
     * here, they overlap. */
    key_hash = cqc_hash_bytes (k.buf, k.len, 0);
    cqc_arena_r_prefetch (&self->c.arena, key_hash);
-   if (self->templates) {
-      cqc_templates_prefetch (self->templates, key_hash);
+   if (self->templates && cqc_templates_prefetch (self->templates, key_hash, &block_off)) {
+      cqc_arena_r_prefetch_block (&self->c.arena, block_off);
    }
    cqc_hit_begin (&r.hit, decode, codec_options);
    if (self->templates && r.hit.how != CQC_HIT_DECODE) {

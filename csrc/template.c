@@ -565,19 +565,20 @@ cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject *
    return false;
 }
 
-void
-cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash)
+bool
+cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash, uint64_t *block_off)
 {
    way_t *w = set_of (t, key_hash);
    int i;
 
    for (i = 0; i < WAYS; i++, w++) {
       if (is_template (w) && w->id.key_hash == key_hash) {
-         cqc_arena_r_prefetch_block (t->arena, w->id.block_off);
          __builtin_prefetch (w->tpl, 1, 3);
-         return;
+         *block_off = w->id.block_off;
+         return true;
       }
    }
+   return false;
 }
 
 /* Check n ways from the hand on, and release those whose entries are gone

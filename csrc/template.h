@@ -56,10 +56,11 @@ void cqc_templates_close (cqc_templates_t *t);
  * the arena's lookup: no Python code, nothing freed. */
 bool cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject **tpl);
 
-/* Hints before a lookup of the key hashed key_hash: the template store's
- * set for it, and when a way holds a template of that key, the arena block
- * it was made of (cqc_arena_r_prefetch_block) and the template itself. */
-void cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash);
+/* A hint before a lookup of the key hashed key_hash: when a way of its
+ * set holds a template of that key, asks for the template and returns
+ * true with *block_off the arena block it was made of (for
+ * cqc_arena_r_prefetch_block). */
+bool cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash, uint64_t *block_off);
 
 /* A template hit was served (counted; every 256th runs the sweep). */
 void cqc_templates_served (cqc_templates_t *t);
