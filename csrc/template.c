@@ -1,18 +1,17 @@
 /*
  * template.c - templates of hit entries (template.h says what and why).
  *
- * A template is a tuple (tree, plan, lines). tree is the template's own
- * copy of the built object's containers, around the built object's values;
- * plan says where, in each container, the containers nested in it are:
- * None for a container holding none, else a tuple (key or index, plan,
- * ...). A copy of a container is one PyDict_Copy or list slice (which share
- * the values), then a copy of each nested container put in its place.
- * lines (bytes) holds the address of every object the copy reads or
- * changes the reference count of: the copy prefetches them all before it
- * starts, so that a template not in the CPU's caches costs about one
- * memory latency rather than one per object (its objects are scattered
- * over the heap, and a hit of an entry not hit recently finds none of them
- * cached).
+ * A template is a tuple (tree, program). tree is the template's own copy
+ * of the built object's containers, around the built object's values; the
+ * program (a capsule, which holds the tree too) lists its containers in
+ * the order a copy makes them, each with where it goes in its parent, and
+ * the address of every line the copy reads or changes the reference count
+ * of, in that order. A copy makes each container with one PyDict_Copy or
+ * list slice (which share the values) and puts it in its parent's copy,
+ * asking for the lines of the next containers as it goes: a template not
+ * in the CPU's caches (its objects are scattered over the heap, and a hit
+ * of an entry not hit recently finds none of them cached) then costs a few
+ * memory latencies, not one per object.
  *
  * The store is a set-associative table (WAYS templates per set, by the
  * entry's key hash), under the GIL. Nothing it frees runs Python code: a
@@ -125,54 +124,64 @@ add_size (PyObject *o, size_t *bytes)
 /* Making and copying a template                                            */
 /* ======================================================================== */
 
-/* The addresses a copy of the template prefetches. */
+/* A template's program: its containers in the order a copy makes them
+ * (depth first, each before those nested in it), where each goes in the
+ * copy of its parent, and the address of every line the copy touches, in
+ * the order it touches them. A copy is then a loop over the steps: no
+ * Python object is read to find its way. The nodes and keys are borrowed
+ * from the tree, which the program holds. */
 typedef struct {
-   const void **at;
-   size_t n, cap;
+   PyObject *node;   /* the template's container (a dict or a list) */
+   PyObject *key;    /* its key in its parent dict; NULL in a list */
+   Py_ssize_t index; /* its index in its parent list */
+   uint32_t depth;   /* 0 for the tree itself, then its parent's + 1 */
+   uint32_t lines;   /* how many of the program's lines its copy touches */
+   bool dict;
+} step_t;
+
+typedef struct {
+   PyObject *tree; /* held */
+   size_t nsteps, nlines;
+   step_t *steps;
+   const void **lines;
+} program_t;
+
+#define PROGRAM_CAPSULE "client_query_cache._native.template"
+
+/* A growing array (steps or lines) while a program is made. */
+typedef struct {
+   void *at;
+   size_t n, cap, size;
    bool failed;
-} lines_t;
+} grow_t;
 
-static void
-lines_add (lines_t *l, const void *p)
+static void *
+grow (grow_t *g)
 {
-   if (l->n == l->cap) {
-      size_t cap = l->cap ? 2 * l->cap : 64;
-      const void **at = l->failed ? NULL : realloc (l->at, cap * sizeof *at);
+   if (g->failed) {
+      return NULL;
+   }
+   if (g->n == g->cap) {
+      size_t cap = g->cap ? 2 * g->cap : 32;
+      void *at = realloc (g->at, cap * g->size);
       if (!at) {
-         l->failed = true;
-         return;
+         g->failed = true;
+         return NULL;
       }
-      l->at = at;
-      l->cap = cap;
+      g->at = at;
+      g->cap = cap;
    }
-   l->at[l->n++] = p;
-}
-
-/* How many lines lines_add_range adds for `size` bytes. */
-static size_t
-range_lines (size_t size)
-{
-   return (size + 63) / 64;
+   return (char *) g->at + g->size * g->n++;
 }
 
 static void
-lines_add_range (lines_t *l, const void *p, size_t size)
+line_add (grow_t *lines, const void *p)
 {
-   size_t off;
+   const void **at = grow (lines);
 
-   for (off = 0; off < size; off += 64) {
-      lines_add (l, (const char *) p + off);
+   if (at) {
+      *at = p;
    }
-}
-
-/* The bytes of a plan tuple (its items are inline in the object, in every
- * CPython). */
-static size_t
-plan_size (PyObject *plan)
-{
-   return plan == Py_None ? 0
-                          : sizeof (PyObject) + sizeof (Py_ssize_t) +
-                               (size_t) PyTuple_Size (plan) * sizeof (PyObject *);
 }
 
 /* A container's own storage, which a copy reads: a dict's keys table
@@ -195,52 +204,100 @@ storage_of (PyObject *node, size_t *size)
    return ((const void *const *) node)[3];
 }
 
-/* How many lines collect_lines adds for the container itself (not its
- * nested containers): the same count at the copy, which follows it. */
-static size_t
-node_lines (PyObject *node, PyObject *plan)
-{
-   size_t storage;
-   Py_ssize_t n = PyDict_CheckExact (node) ? PyDict_Size (node) : PyList_Size (node);
-
-   storage_of (node, &storage);
-   return 1 + range_lines (storage) + (size_t) n + range_lines (plan_size (plan));
-}
-
-/* The lines a copy of `node` touches, in the order it touches them: the
- * container, its storage, its values, its plan, then each nested
- * container's the same way, in the plan's order. */
+/* The steps and lines of `node` (at `key` or `index` of its parent) and of
+ * the containers nested in it, which `plan` (make_node's) names. */
 static void
-collect_lines (PyObject *node, PyObject *plan, lines_t *l)
+compile (PyObject *node, PyObject *plan, PyObject *key, Py_ssize_t index, uint32_t depth,
+         grow_t *steps, grow_t *lines)
 {
    bool dict = PyDict_CheckExact (node);
    Py_ssize_t pos = 0, i, n;
    PyObject *k, *v;
-   size_t storage;
-   const void *p = storage_of (node, &storage);
+   size_t storage, before = lines->n, at = steps->n, off;
+   const char *p = storage_of (node, &storage);
+   step_t *s = grow (steps);
 
-   lines_add (l, node);
-   lines_add_range (l, p, storage);
+   if (!s) {
+      return;
+   }
+   *s = (step_t){node, key, index, depth, 0, dict};
+   line_add (lines, node);
+   for (off = 0; off < storage; off += 64) {
+      line_add (lines, p + off);
+   }
    if (dict) {
       while (PyDict_Next (node, &pos, &k, &v)) {
-         lines_add (l, v);
+         line_add (lines, v);
       }
    } else {
       for (i = 0, n = PyList_Size (node); i < n; i++) {
-         lines_add (l, PyList_GetItem (node, i));
+         line_add (lines, PyList_GetItem (node, i));
       }
    }
-   if (plan == Py_None) {
+   if (steps->failed || lines->failed) {
       return;
    }
-   lines_add_range (l, plan, plan_size (plan));
-   for (i = 0, n = PyTuple_Size (plan); i + 1 < n; i += 2) {
-      PyObject *at = PyTuple_GetItem (plan, i);
-      PyObject *child = dict ? PyDict_GetItem (node, at) : PyList_GetItem (node, PyLong_AsSsize_t (at));
-      if (child) {
-         collect_lines (child, PyTuple_GetItem (plan, i + 1), l);
+   ((step_t *) steps->at)[at].lines = (uint32_t) (lines->n - before);
+   for (i = 0, n = plan == Py_None ? 0 : PyTuple_Size (plan); i + 1 < n; i += 2) {
+      PyObject *where = PyTuple_GetItem (plan, i);
+      PyObject *child = dict ? PyDict_GetItem (node, where)
+                             : PyList_GetItem (node, PyLong_AsSsize_t (where));
+      if (!child) {
+         steps->failed = true;
+         return;
+      }
+      compile (child, PyTuple_GetItem (plan, i + 1), dict ? where : NULL,
+               dict ? 0 : PyLong_AsSsize_t (where), depth + 1, steps, lines);
+   }
+}
+
+static void
+program_free (PyObject *capsule)
+{
+   program_t *p = PyCapsule_GetPointer (capsule, PROGRAM_CAPSULE);
+
+   if (p) {
+      Py_XDECREF (p->tree);
+      free (p);
+   }
+}
+
+/* The program of `tree` (make_node's, with its plan): a capsule, or NULL
+ * (no exception). One block holds it all; *bytes grows by its size. */
+static PyObject *
+program_of (PyObject *tree, PyObject *plan, size_t *bytes)
+{
+   grow_t steps = {NULL, 0, 0, sizeof (step_t), false};
+   grow_t lines = {NULL, 0, 0, sizeof (const void *), false};
+   program_t *p = NULL;
+   PyObject *capsule = NULL;
+   size_t size;
+
+   compile (tree, plan, NULL, 0, 0, &steps, &lines);
+   if (!steps.failed && !lines.failed) {
+      size = sizeof *p + steps.n * sizeof (step_t) + lines.n * sizeof (const void *);
+      p = malloc (size);
+   }
+   if (p) {
+      p->tree = Py_NewRef (tree);
+      p->nsteps = steps.n;
+      p->nlines = lines.n;
+      p->steps = (step_t *) (p + 1);
+      p->lines = (const void **) (p->steps + steps.n);
+      memcpy (p->steps, steps.at, steps.n * sizeof (step_t));
+      memcpy (p->lines, lines.at, lines.n * sizeof (const void *));
+      if (!(capsule = PyCapsule_New (p, PROGRAM_CAPSULE, program_free))) {
+         Py_DECREF (tree);
+         free (p);
+      } else if (!add_size (capsule, bytes)) {
+         Py_CLEAR (capsule);
+      } else {
+         *bytes += size;
       }
    }
+   free (steps.at);
+   free (lines.at);
+   return capsule;
 }
 
 static PyObject *make_node (PyObject *o, int depth, size_t *bytes, PyObject **plan);
@@ -328,8 +385,7 @@ fail:
 PyObject *
 cqc_template_of (PyObject *built, size_t *bytes)
 {
-   PyObject *tree, *plan = NULL, *at = NULL, *tpl = NULL;
-   lines_t lines = {NULL, 0, 0, false};
+   PyObject *tree, *plan = NULL, *program = NULL, *tpl = NULL;
 
    *bytes = 0;
    if (!ready () || (!PyDict_CheckExact (built) && !PyList_CheckExact (built))) {
@@ -337,95 +393,64 @@ cqc_template_of (PyObject *built, size_t *bytes)
    }
    tree = make_node (built, 0, bytes, &plan);
    if (tree) {
-      collect_lines (tree, plan, &lines);
+      program = program_of (tree, plan, bytes);
    }
-   if (tree && !lines.failed) {
-      at = PyBytes_FromStringAndSize ((const char *) lines.at, (Py_ssize_t) (lines.n * sizeof *lines.at));
+   if (program) {
+      tpl = PyTuple_Pack (2, tree, program);
    }
-   if (at && add_size (at, bytes)) {
-      tpl = PyTuple_Pack (3, tree, plan, at);
-   }
-   free (lines.at);
    Py_XDECREF (tree);
    Py_XDECREF (plan);
-   Py_XDECREF (at);
+   Py_XDECREF (program);
    PyErr_Clear ();
    return tpl;
 }
-
-/* The prefetches of a copy: the template's lines (collect_lines' order),
- * how many the containers copied so far account for, how many asked for. */
-typedef struct {
-   const void *const *at;
-   size_t n, used, asked;
-} ahead_t;
 
 /* Lines asked for beyond those of the container being copied: enough to
  * keep the CPU's outstanding misses busy while it copies. */
 #define LEAD 32
 
-/* A copy of the container o: a new one sharing o's values, with a copy of
- * each nested container (plan) in its place. Asks first for its own lines
- * and LEAD more, so that the loads of what comes next overlap this copy. */
-static PyObject *
-copy_node (PyObject *o, PyObject *plan, ahead_t *a)
-{
-   bool dict = PyDict_CheckExact (o);
-   PyObject *n;
-   Py_ssize_t i, np;
-   size_t upto;
-
-   if ((!dict && !PyList_CheckExact (o)) || (plan != Py_None && !PyTuple_CheckExact (plan))) {
-      PyErr_SetString (PyExc_TypeError, "not a template");
-      return NULL;
-   }
-   a->used += node_lines (o, plan);
-   for (upto = a->used + LEAD < a->n ? a->used + LEAD : a->n; a->asked < upto; a->asked++) {
-      __builtin_prefetch (a->at[a->asked], 1, 3);
-   }
-   n = dict ? PyDict_Copy (o) : PyList_GetSlice (o, 0, PY_SSIZE_T_MAX);
-   if (!n || plan == Py_None) {
-      return n;
-   }
-   np = PyTuple_Size (plan);
-   for (i = 0; i + 1 < np; i += 2) {
-      PyObject *at = PyTuple_GetItem (plan, i), *child, *c;
-      int r;
-
-      if (dict) {
-         child = PyDict_GetItemWithError (o, at);
-      } else {
-         child = PyList_GetItem (o, PyLong_AsSsize_t (at));
-      }
-      if (!child || !(c = copy_node (child, PyTuple_GetItem (plan, i + 1), a))) {
-         if (!PyErr_Occurred ()) {
-            PyErr_SetString (PyExc_RuntimeError, "a template lost a container");
-         }
-         Py_DECREF (n);
-         return NULL;
-      }
-      if (dict) {
-         r = PyDict_SetItem (n, at, c);
-         Py_DECREF (c);
-      } else {
-         r = PyList_SetItem (n, PyLong_AsSsize_t (at), c); /* steals c */
-      }
-      if (r < 0) {
-         Py_DECREF (n);
-         return NULL;
-      }
-   }
-   return n;
-}
-
 PyObject *
 cqc_template_copy (PyObject *tpl)
 {
-   PyObject *lines = PyTuple_GetItem (tpl, 2);
-   ahead_t a = {(const void *const *) PyBytes_AsString (lines), 0, 0, 0};
+   const program_t *p = PyCapsule_GetPointer (PyTuple_GetItem (tpl, 1), PROGRAM_CAPSULE);
+   /* The copy of each depth's container on the way to the current one
+    * (borrowed: each is held by the one above it, the first by root). */
+   PyObject *path[MAX_DEPTH + 2], *root = NULL;
+   size_t k, used = 0, asked = 0, upto;
 
-   a.n = (size_t) PyBytes_Size (lines) / sizeof *a.at;
-   return copy_node (PyTuple_GetItem (tpl, 0), PyTuple_GetItem (tpl, 1), &a);
+   for (k = 0; p && k < p->nsteps; k++) {
+      const step_t *s = &p->steps[k];
+      PyObject *c;
+      int r = 0;
+
+      /* This container's lines and LEAD more: the loads of what comes next
+       * overlap the copy of what is here. */
+      used += s->lines;
+      for (upto = used + LEAD < p->nlines ? used + LEAD : p->nlines; asked < upto; asked++) {
+         __builtin_prefetch (p->lines[asked], 1, 3);
+      }
+      c = s->dict ? PyDict_Copy (s->node) : PyList_GetSlice (s->node, 0, PY_SSIZE_T_MAX);
+      if (!c) {
+         break;
+      }
+      if (k == 0) {
+         root = c;
+      } else if (s->key) {
+         r = PyDict_SetItem (path[s->depth - 1], s->key, c);
+         Py_DECREF (c);
+      } else {
+         r = PyList_SetItem (path[s->depth - 1], s->index, c); /* steals c */
+      }
+      if (r < 0) {
+         break;
+      }
+      path[s->depth] = c;
+   }
+   if (!p || k < p->nsteps) {
+      Py_XDECREF (root);
+      return NULL;
+   }
+   return root;
 }
 
 /* ======================================================================== */
@@ -768,11 +793,14 @@ mod_template (PyObject *Py_UNUSED (m), PyObject *obj)
    return tpl ? tpl : Py_NewRef (Py_None);
 }
 
-/* _template_copy(template) -> what a template hit returns. */
+/* _template_copy(template) -> what a template hit returns. Only a tuple
+ * whose program is a template's (its capsule, which no Python code makes)
+ * is taken: the program's addresses are those of its own tree. */
 static PyObject *
 mod_template_copy (PyObject *Py_UNUSED (m), PyObject *tpl)
 {
-   if (!PyTuple_Check (tpl) || PyTuple_Size (tpl) != 3 || !PyBytes_Check (PyTuple_GetItem (tpl, 2))) {
+   if (!PyTuple_CheckExact (tpl) || PyTuple_Size (tpl) != 2 ||
+       !PyCapsule_IsValid (PyTuple_GetItem (tpl, 1), PROGRAM_CAPSULE)) {
       PyErr_SetString (PyExc_TypeError, "not a template");
       return NULL;
    }
