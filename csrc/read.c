@@ -422,20 +422,19 @@ Core_fast_find_one (CoreObject *self, PyObject *filter)
 
 /* ViewBase.find_one(filter=None, *args, **kwargs): a fast-path hit, else
  * self._find_one_rest(step, filter, *args, **kwargs), where step is the
- * first Step the fast path took, or None when it did not apply. */
+ * first Step the fast path took, or None when it did not apply. A
+ * vectorcall method: a hit makes no argument tuple. */
 static PyObject *
-View_find_one (ViewObject *self, PyObject *args, PyObject *kwargs)
+View_find_one (ViewObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-   PyObject *step = NULL, *rest_args, *method, *res = NULL;
-   Py_ssize_t i, n = PyTuple_Size (args);
+   PyObject *step = NULL, *rest_args, *kwargs = NULL, *method, *res = NULL;
+   Py_ssize_t i, nkw = kwnames ? PyTuple_Size (kwnames) : 0;
 
-   if (n == 1 && (!kwargs || PyDict_Size (kwargs) == 0) && self->core &&
-       PyObject_TypeCheck (self->core, g_core_type)) {
-      PyObject *filter = PyTuple_GetItem (args, 0), *id, *r;
-      PyObject *core = Py_NewRef (self->core);
-      int rc = core_try_hit ((CoreObject *) core, filter, &id, &r);
+   if (nargs == 1 && nkw == 0 && self->core && PyObject_TypeCheck (self->core, g_core_type)) {
+      PyObject *core = Py_NewRef (self->core), *id, *r;
+      int rc = core_try_hit ((CoreObject *) core, args[0], &id, &r);
 
-      step = rc == 0 ? core_first_step (core, filter, id, r) : NULL;
+      step = rc == 0 ? core_first_step (core, args[0], id, r) : NULL;
       Py_DECREF (core);
       if (rc != 0) {
          return rc > 0 ? r : NULL;
@@ -444,19 +443,27 @@ View_find_one (ViewObject *self, PyObject *args, PyObject *kwargs)
          return NULL;
       }
    }
-   if (!(rest_args = PyTuple_New (n + 1))) {
+   if (!(rest_args = PyTuple_New (nargs + 1)) || (nkw && !(kwargs = PyDict_New ()))) {
+      Py_XDECREF (rest_args);
       Py_XDECREF (step);
       return NULL;
    }
    PyTuple_SetItem (rest_args, 0, step ? step : Py_NewRef (Py_None));
-   for (i = 0; i < n; i++) {
-      PyTuple_SetItem (rest_args, i + 1, Py_NewRef (PyTuple_GetItem (args, i)));
+   for (i = 0; i < nargs; i++) {
+      PyTuple_SetItem (rest_args, i + 1, Py_NewRef (args[i]));
+   }
+   for (i = 0; i < nkw; i++) {
+      if (PyDict_SetItem (kwargs, PyTuple_GetItem (kwnames, i), args[nargs + i]) < 0) {
+         goto done;
+      }
    }
    if ((method = PyObject_GetAttr ((PyObject *) self, g_s_find_one_rest))) {
       res = PyObject_Call (method, rest_args, kwargs);
       Py_DECREF (method);
    }
+done:
    Py_DECREF (rest_args);
+   Py_XDECREF (kwargs);
    return res;
 }
 
@@ -558,7 +565,7 @@ static PyMemberDef View_members[] = {
 };
 
 static PyMethodDef View_methods[] = {
-   {"find_one", (PyCFunction) (void (*) (void)) View_find_one, METH_VARARGS | METH_KEYWORDS,
+   {"find_one", (PyCFunction) (void (*) (void)) View_find_one, METH_FASTCALL | METH_KEYWORDS,
     "find_one($self, filter=None, *args, **kwargs)\n--\n\n"
     "PyMongo's ``find_one``, served from the cache when safe."},
    {NULL, NULL, 0, NULL},

@@ -43,6 +43,9 @@ CACHED_READS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("find_one", ({"name": {"$regex": "^pe"}},), {"sort": [("name", -1)]}),
     ("find_one", ({"kind": "mineral"},), {}),  # not found is cached too
     ("find_one", (), {}),
+    ("find_one", (), {"filter": {"_id": 2}}),  # the filter by name, and an _id
+    ("find_one", ({"_id": 3},), {"projection": {"name": 1}}),
+    ("find_one", ({"_id": 4}, ["name"]), {}),
     ("find_one", ({"_id": {"$in": [4, 5]}},), {"sort": [("_id", -1)]}),
     ("count_documents", ({},), {}),
     ("count_documents", ({"kind": "fruit"},), {}),
