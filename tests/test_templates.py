@@ -273,6 +273,29 @@ def test_an_owner_keeps_no_templates() -> None:
         )  # fmt: skip
 
 
+def test_templates_of_deep_and_wide_documents() -> None:
+    # Nested as deep as a template follows (200 levels below the top, dicts
+    # and lists in turn), and wide (thousands of nested containers): each
+    # copy rebuilds every level in its place.
+    deep: Any = {"leaf": "x", "n": 1.5}
+    for level in range(200):
+        deep = [level, deep, "s"] if level % 2 else {"k": deep, "i": level}
+    wide = {"_id": 1, "rows": [{"i": i, "tags": [str(i), i * 0.5], "at": {"d": i}} for i in range(3000)]}
+    for built in (deep, wide, [wide, deep[1]], []):
+        tpl = _native._template(built)
+        assert tpl is not None
+        for _ in range(2):
+            copy = _native._template_copy(tpl)
+            assert_strict_equal(copy, built)
+            assert_no_shared_mutable_part(copy, built)
+            assert_no_shared_mutable_part(copy, tpl[0])
+            mutate_all(copy)
+        assert_strict_equal(_native._template_copy(tpl), built)
+    # One level more than that: no template (hits built every time).
+    assert _native._template({"k": deep}) is None
+    assert _native._template([wide, deep]) is None
+
+
 def test_what_is_a_template_and_what_its_copies_are() -> None:
     built = bson.decode(bson.encode(SHAREABLE))
     tpl = _native._template(built)
