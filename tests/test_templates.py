@@ -111,6 +111,20 @@ def assert_no_shared_mutable_part(a: Any, b: Any) -> None:
     assert shared == [], f"two hits share {shared!r}"
 
 
+def assert_copies_are_fresh(tpl: Any, built: Any) -> None:
+    """Copies of the template ``tpl`` of ``built`` equal it, share none of
+    its (or the template's) mutable parts, and changing every part of one
+    leaves the next unchanged."""
+    assert tpl is not None
+    for _ in range(2):
+        copy = _native._template_copy(tpl)
+        assert_strict_equal(copy, built)
+        assert_no_shared_mutable_part(copy, built)
+        assert_no_shared_mutable_part(copy, tpl[0])
+        mutate_all(copy)
+    assert_strict_equal(_native._template_copy(tpl), built)
+
+
 @pytest.fixture
 def first_hit() -> Iterator[None]:
     """Templates made on an entry's first hit, for this test."""
@@ -282,15 +296,7 @@ def test_templates_of_deep_and_wide_documents() -> None:
         deep = [level, deep, "s"] if level % 2 else {"k": deep, "i": level}
     wide = {"_id": 1, "rows": [{"i": i, "tags": [str(i), i * 0.5], "at": {"d": i}} for i in range(3000)]}
     for built in (deep, wide, [wide, deep[1]], []):
-        tpl = _native._template(built)
-        assert tpl is not None
-        for _ in range(2):
-            copy = _native._template_copy(tpl)
-            assert_strict_equal(copy, built)
-            assert_no_shared_mutable_part(copy, built)
-            assert_no_shared_mutable_part(copy, tpl[0])
-            mutate_all(copy)
-        assert_strict_equal(_native._template_copy(tpl), built)
+        assert_copies_are_fresh(_native._template(built), built)
     # One level more than that: no template (hits built every time).
     assert _native._template({"k": deep}) is None
     assert _native._template([wide, deep]) is None
@@ -299,14 +305,7 @@ def test_templates_of_deep_and_wide_documents() -> None:
 def test_what_is_a_template_and_what_its_copies_are() -> None:
     built = bson.decode(bson.encode(SHAREABLE))
     tpl = _native._template(built)
-    assert tpl is not None
-    for _ in range(2):
-        copy = _native._template_copy(tpl)
-        assert_strict_equal(copy, built)
-        assert_no_shared_mutable_part(copy, built)
-        assert_no_shared_mutable_part(copy, tpl[0])
-        mutate_all(copy)
-    assert_strict_equal(_native._template_copy(tpl), built)
+    assert_copies_are_fresh(tpl, built)
     # Anything a caller can change, or a container of another type, makes
     # no template: the document is built on every hit.
     for value in (Regex("a"), DBRef("c", 1), Code("x"), Code("x", {"a": 1}), Binary(b"x", 0x80),
