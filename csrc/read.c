@@ -30,6 +30,7 @@ typedef struct {
    cqc_templates_t *templates; /* NULL: no template for this lookup */
    int kind;                   /* the hit's how and elements (template.h's kind) */
    PyObject *tpl;              /* held: a new reference to the entry's template */
+   const cqc_program_t *program; /* tpl's */
 } read_hit_t;
 
 static bool
@@ -37,7 +38,7 @@ held_template (void *ctx, cqc_entry_id_t *id)
 {
    read_hit_t *r = ctx;
 
-   return cqc_templates_find (r->templates, id, r->kind, &r->tpl);
+   return cqc_templates_find (r->templates, id, r->kind, &r->tpl, &r->program);
 }
 
 /* Build the key (keys.h) and look it up; returns a new reference (the
@@ -54,6 +55,7 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
    uint64_t key_hash, block_off;
    cqc_entry_id_t id;
    read_hit_t r = {.templates = NULL, .tpl = NULL};
+   const cqc_program_t *program = NULL;
    uint64_t value_hash = 0;
    PyObject *res;
 
@@ -62,13 +64,18 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
    }
    /* The lookup's first loads (the slot, the template's way, the block
     * the template was made of) depend on one another: asked for together
-    * here, they overlap. */
+    * here, they overlap. The copy's first lines are then asked for too:
+    * they arrive while the lookup validates the entry. */
    key_hash = cqc_hash_bytes (k.buf, k.len, 0);
    cqc_arena_r_prefetch (&self->c.arena, key_hash);
-   if (self->templates && cqc_templates_prefetch (self->templates, key_hash, &block_off)) {
+   if (self->templates &&
+       (program = cqc_templates_prefetch (self->templates, key_hash, &block_off))) {
       cqc_arena_r_prefetch_block (&self->c.arena, block_off);
    }
    cqc_hit_begin (&r.hit, decode, codec_options);
+   if (program) {
+      cqc_template_prefetch (program);
+   }
    if (self->templates && r.hit.how != CQC_HIT_DECODE) {
       r.templates = self->templates;
       r.kind = (int) r.hit.how | (r.hit.elements ? 4 : 0);
@@ -84,7 +91,7 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
    }
    if (r.tpl) {
       cqc_templates_served (r.templates);
-      res = cqc_template_copy (r.tpl);
+      res = cqc_template_run (r.program);
       Py_DECREF (r.tpl);
       return res;
    }

@@ -6,9 +6,10 @@
  * program (a capsule, which holds the tree too) lists its containers in
  * the order a copy makes them, each with where it goes in its parent, and
  * the address of every line the copy reads or changes the reference count
- * of, in that order. A copy makes each container with one PyDict_Copy or
- * list slice (which share the values) and puts it in its parent's copy,
- * asking for the lines of the next containers as it goes: a template not
+ * of, in that order (but for the values every copy touches anyway). A
+ * copy makes each container with one PyDict_Copy or list slice (which
+ * share the values) and puts it in its parent's copy, asking for the
+ * lines of the next containers as it goes: a template not
  * in the CPU's caches (its objects are scattered over the heap, and a hit
  * of an entry not hit recently finds none of them cached) then costs a few
  * memory latencies, not one per object.
@@ -131,15 +132,18 @@ add_size (PyObject *o, size_t *bytes)
  * Python object is read to find its way. The nodes and keys are borrowed
  * from the tree, which the program holds. */
 typedef struct {
-   PyObject *node;   /* the template's container (a dict or a list) */
-   PyObject *key;    /* its key in its parent dict; NULL in a list */
-   Py_ssize_t index; /* its index in its parent list */
-   uint32_t depth;   /* 0 for the tree itself, then its parent's + 1 */
-   uint32_t lines;   /* how many of the program's lines its copy touches */
-   bool dict;
+   PyObject *node; /* the template's container (a dict or a list) */
+   union {
+      PyObject *key;    /* its key in its parent dict (keyed) */
+      Py_ssize_t index; /* its index in its parent list */
+   } at;
+   uint32_t lines; /* how many of the program's lines its copy touches */
+   uint16_t depth; /* 0 for the tree itself, then its parent's + 1 */
+   uint8_t dict;   /* a dict, else a list */
+   uint8_t keyed;  /* its parent is a dict */
 } step_t;
 
-typedef struct {
+typedef struct cqc_program {
    PyObject *tree; /* held */
    size_t nsteps, nlines;
    step_t *steps;
@@ -184,21 +188,51 @@ line_add (grow_t *lines, const void *p)
    }
 }
 
+/* A value's line, unless it is one every copy touches anyway (None, the
+ * bools, CPython's cached small ints): those stay in the CPU's caches,
+ * and asking for them would only delay the next lines. */
+static void
+value_add (grow_t *lines, PyObject *v)
+{
+   if (v == Py_None || PyBool_Check (v)) {
+      return;
+   }
+   if (PyLong_CheckExact (v)) {
+      int overflow;
+      long x = PyLong_AsLongAndOverflow (v, &overflow);
+      if (!overflow && x >= -5 && x <= 256) {
+         return;
+      }
+      PyErr_Clear ();
+   }
+   line_add (lines, v);
+}
+
 /* A container's own storage, which a copy reads: a dict's keys table
  * (PyDict_Copy copies it whole), a list's array of items. Their addresses
  * are in the objects' structs, which the limited API does not describe:
  * read from where CPython 3.11 to 3.14 keep them (PyDictObject's ma_keys,
- * PyListObject's ob_item: the fifth and fourth words of the object). A
- * hint only: a prefetch of any address is harmless, so on a CPython laid
- * out otherwise a copy is as correct, only slower. The words read are
- * inside the objects (a dict or a list is larger). */
+ * PyListObject's ob_item: the fifth and fourth words of the object), as is
+ * the size of a keys table (a 32-byte header whose ninth and tenth bytes
+ * are the log2 of its slots and of its index bytes, the index, then 2/3 of
+ * the slots as entries of a str key and a value: a template's keys are
+ * str). A hint only: a prefetch of any address is harmless, so on a
+ * CPython laid out otherwise a copy is as correct, only slower. The words
+ * read are inside the objects (a dict or a list is larger, a keys table
+ * at least its header). */
 static const void *
 storage_of (PyObject *node, size_t *size)
 {
    if (PyDict_CheckExact (node)) {
-      /* header, indices, entries: a bound */
-      *size = 48 + 3 * (size_t) PyDict_Size (node) * sizeof (void *);
-      return ((const void *const *) node)[4];
+      const uint8_t *keys = ((const void *const *) node)[4];
+      size_t slots = (size_t) 1 << (keys[8] & 31), index = (size_t) 1 << (keys[9] & 31);
+      size_t bound = 48 + 3 * (size_t) PyDict_Size (node) * sizeof (void *);
+
+      *size = 32 + index + slots * 2 / 3 * 2 * sizeof (void *);
+      if (*size > 4 * bound) {
+         *size = bound; /* not the layout described above */
+      }
+      return keys;
    }
    *size = (size_t) PyList_Size (node) * sizeof (void *);
    return ((const void *const *) node)[3];
@@ -220,18 +254,25 @@ compile (PyObject *node, PyObject *plan, PyObject *key, Py_ssize_t index, uint32
    if (!s) {
       return;
    }
-   *s = (step_t){node, key, index, depth, 0, dict};
-   line_add (lines, node);
-   for (off = 0; off < storage; off += 64) {
-      line_add (lines, p + off);
+   *s = (step_t){.node = node, .depth = (uint16_t) depth, .dict = dict, .keyed = key != NULL};
+   if (key) {
+      s->at.key = key;
+   } else {
+      s->at.index = index;
+   }
+   if (depth == 0) {
+      line_add (lines, node); /* a nested one is its parent's value */
+   }
+   for (off = 0; off < (uintptr_t) p % 64 + storage; off += 64) {
+      line_add (lines, p - (uintptr_t) p % 64 + off);
    }
    if (dict) {
       while (PyDict_Next (node, &pos, &k, &v)) {
-         line_add (lines, v);
+         value_add (lines, v);
       }
    } else {
       for (i = 0, n = PyList_Size (node); i < n; i++) {
-         line_add (lines, PyList_GetItem (node, i));
+         value_add (lines, PyList_GetItem (node, i));
       }
    }
    if (steps->failed || lines->failed) {
@@ -282,8 +323,10 @@ program_of (PyObject *tree, PyObject *plan, size_t *bytes)
       p->tree = Py_NewRef (tree);
       p->nsteps = steps.n;
       p->nlines = lines.n;
-      p->steps = (step_t *) (p + 1);
-      p->lines = (const void **) (p->steps + steps.n);
+      /* The header, then the lines (the first a copy asks for are in
+       * the header's line and those after it), then the steps. */
+      p->lines = (const void **) (p + 1);
+      p->steps = (step_t *) (p->lines + lines.n);
       memcpy (p->steps, steps.at, steps.n * sizeof (step_t));
       memcpy (p->lines, lines.at, lines.n * sizeof (const void *));
       if (!(capsule = PyCapsule_New (p, PROGRAM_CAPSULE, program_free))) {
@@ -409,10 +452,29 @@ cqc_template_of (PyObject *built, size_t *bytes)
  * keep the CPU's outstanding misses busy while it copies. */
 #define LEAD 32
 
+/* The program's first lines: its header and first lines to ask for. */
+#define HEAD_LINES 4
+
+void
+cqc_template_prefetch (const program_t *p)
+{
+   size_t i, n = p->nlines < LEAD ? p->nlines : LEAD;
+
+   __builtin_prefetch (p->steps, 0, 3);
+   for (i = 0; i < n; i++) {
+      __builtin_prefetch (p->lines[i], 1, 3);
+   }
+}
+
 PyObject *
 cqc_template_copy (PyObject *tpl)
 {
-   const program_t *p = PyCapsule_GetPointer (PyTuple_GetItem (tpl, 1), PROGRAM_CAPSULE);
+   return cqc_template_run (PyCapsule_GetPointer (PyTuple_GetItem (tpl, 1), PROGRAM_CAPSULE));
+}
+
+PyObject *
+cqc_template_run (const program_t *p)
+{
    /* The copy of each depth's container on the way to the current one
     * (borrowed: each is held by the one above it, the first by root). */
    PyObject *path[MAX_DEPTH + 2], *root = NULL;
@@ -435,11 +497,11 @@ cqc_template_copy (PyObject *tpl)
       }
       if (k == 0) {
          root = c;
-      } else if (s->key) {
-         r = PyDict_SetItem (path[s->depth - 1], s->key, c);
+      } else if (s->keyed) {
+         r = PyDict_SetItem (path[s->depth - 1], s->at.key, c);
          Py_DECREF (c);
       } else {
-         r = PyList_SetItem (path[s->depth - 1], s->index, c); /* steals c */
+         r = PyList_SetItem (path[s->depth - 1], s->at.index, c); /* steals c */
       }
       if (r < 0) {
          break;
@@ -476,8 +538,9 @@ typedef struct {
    PyObject *tpl; /* NULL: an empty way; else a template, NO_TEMPLATE or CANDIDATE */
    size_t bytes;
    int kind;
-   uint32_t hits; /* a CANDIDATE's hits so far */
-   bool ref;      /* hit since the clock hand last passed */
+   uint32_t hits;          /* a CANDIDATE's hits so far */
+   bool ref;               /* hit since the clock hand last passed */
+   const program_t *prog;  /* a template's program (in tpl) */
 } way_t;
 
 struct cqc_templates {
@@ -531,6 +594,7 @@ release (cqc_templates_t *t, way_t *w)
    }
    t->bytes -= w->bytes;
    Py_CLEAR (w->tpl);
+   w->prog = NULL;
    w->bytes = 0;
    w->hits = 0;
    return was;
@@ -572,7 +636,8 @@ same_entry (const cqc_entry_id_t *a, const cqc_entry_id_t *b)
 }
 
 bool
-cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject **tpl)
+cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject **tpl,
+                    const program_t **program)
 {
    way_t *w = set_of (t, id->key_hash);
    int i;
@@ -584,26 +649,30 @@ cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject *
          w->id.slot = id->slot; /* where the sweep finds it now */
          id->value_hash = w->value_hash;
          *tpl = Py_NewRef (w->tpl);
+         *program = w->prog;
          return true;
       }
    }
    return false;
 }
 
-bool
+const program_t *
 cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash, uint64_t *block_off)
 {
    way_t *w = set_of (t, key_hash);
-   int i;
+   int i, l;
 
    for (i = 0; i < WAYS; i++, w++) {
       if (is_template (w) && w->id.key_hash == key_hash) {
          __builtin_prefetch (w->tpl, 1, 3);
+         for (l = 0; l < HEAD_LINES; l++) {
+            __builtin_prefetch ((const char *) w->prog + 64 * l, 0, 3);
+         }
          *block_off = w->id.block_off;
-         return true;
+         return w->prog;
       }
    }
-   return false;
+   return NULL;
 }
 
 /* Check n ways from the hand on, and release those whose entries are gone
@@ -714,7 +783,7 @@ cqc_templates_add (cqc_templates_t *t, const cqc_entry_id_t *id, int kind, PyObj
    }
    if (!w) {
       w = way_for (t, set);
-      *w = (way_t){*id, value_hash, Py_NewRef (CANDIDATE), 0, kind, 1, false};
+      *w = (way_t){*id, value_hash, Py_NewRef (CANDIDATE), 0, kind, 1, false, NULL};
       w->id.held = false;
       if (g_hits_before_template > 1) {
          return;
@@ -753,6 +822,9 @@ cqc_templates_add (cqc_templates_t *t, const cqc_entry_id_t *id, int kind, PyObj
    }
    Py_DECREF (w->tpl);
    w->tpl = tpl;
+   w->prog = tpl != NO_TEMPLATE
+                ? PyCapsule_GetPointer (PyTuple_GetItem (tpl, 1), PROGRAM_CAPSULE)
+                : NULL;
    w->bytes = bytes;
    w->value_hash = value_hash;
    t->bytes += bytes;

@@ -50,17 +50,29 @@ cqc_templates_t *cqc_templates_new (size_t limit_bytes, cqc_live_fn live, const 
  * an add under way (which ran Python code that closed it) ends. */
 void cqc_templates_close (cqc_templates_t *t);
 
+/* A template's program: what cqc_template_run follows. Valid while the
+ * template (the tuple that holds it) is. */
+typedef struct cqc_program cqc_program_t;
+
 /* The template kept for id's key and `kind` (how it was built: the
  * caller's code for its decoder), if it was made of an entry with this very
- * id: a new reference in *tpl, id->value_hash set, and true. Runs inside
- * the arena's lookup: no Python code, nothing freed. */
-bool cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject **tpl);
+ * id: a new reference in *tpl, its program in *program, id->value_hash
+ * set, and true. Runs inside the arena's lookup: no Python code, nothing
+ * freed. */
+bool cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject **tpl,
+                         const cqc_program_t **program);
 
 /* A hint before a lookup of the key hashed key_hash: when a way of its
- * set holds a template of that key, asks for the template and returns
- * true with *block_off the arena block it was made of (for
- * cqc_arena_r_prefetch_block). */
-bool cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash, uint64_t *block_off);
+ * set holds a template of that key, asks for the first lines of its
+ * program and returns the program, with *block_off the arena block it was
+ * made of (for cqc_arena_r_prefetch_block); else NULL. The program is
+ * only for cqc_template_prefetch, before the lookup decides. */
+const cqc_program_t *cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash,
+                                             uint64_t *block_off);
+
+/* A hint: asks for the first lines a copy from `program` reads, so that
+ * they arrive while the lookup validates the entry. */
+void cqc_template_prefetch (const cqc_program_t *program);
 
 /* A template hit was served (counted; every 256th runs the sweep). */
 void cqc_templates_served (cqc_templates_t *t);
@@ -83,6 +95,9 @@ PyObject *cqc_template_of (PyObject *built, size_t *bytes);
 /* A fresh object from template `tpl`: new containers, the same values. A
  * new reference, or NULL with an exception (memory). */
 PyObject *cqc_template_copy (PyObject *tpl);
+
+/* The same from a template's program (cqc_templates_find's). */
+PyObject *cqc_template_run (const cqc_program_t *program);
 
 /* The module's private functions for the tests: _native._template,
  * _native._template_copy and _native._template_hits (PyModule_AddFunctions
