@@ -3,7 +3,9 @@
  *
  * Input: the bytes are used three ways.
  *   1. cqc_filter_identity on the whole input, as bytes (any length, any
- *      content: it must refuse what is not a BSON document).
+ *      content: it must refuse what is not a BSON document), against
+ *      libbson's iterator reading the same bytes: the same answer and
+ *      hash (keys.c reads the fast path's shapes without it).
  *   2. If the input is a valid BSON document, every element at every depth
  *      (up to 8 levels) goes through cqc_id_hash, and the canonical-hash
  *      rules of keys.h are checked against libbson-built equivalents:
@@ -284,13 +286,32 @@ check_id_filters (const uint8_t *data, size_t size)
    bson_destroy (&want);
 }
 
+/* cqc_filter_identity on any bytes agrees with libbson's reading of them
+ * (its fast path for the shapes the fast path writes must take exactly
+ * the documents the iterator takes, with the same hash). */
+static void
+check_identity_bytes (const uint8_t *data, size_t size)
+{
+   bson_iter_t it;
+   bool ok = false, want;
+   uint64_t h = 0, want_h = 0;
+   bool got = cqc_filter_identity (data, size, &h);
+
+   want = bson_iter_init_from_data (&it, data, size) && bson_iter_next (&it) &&
+          strcmp (bson_iter_key (&it), "_id") == 0 &&
+          cqc_id_hash (&it, &want_h, &ok) == CQC_ID_CELL && ok && !bson_iter_next (&it);
+   FUZZ_CHECK (got == want, "identity of the bytes %d, libbson's %d", (int) got, (int) want);
+   if (got) {
+      FUZZ_CHECK (h == want_h, "identity hash apart from libbson's reading");
+   }
+}
+
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
-   uint64_t h;
    bson_iter_t it;
 
-   (void) cqc_filter_identity (data, size, &h);
+   check_identity_bytes (data, size);
    if (bson_iter_init_from_data (&it, data, size)) {
       walk (&it, 0);
    }
