@@ -172,6 +172,37 @@ id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
    return 0;
 }
 
+/* Hints for the lookup of find_one({"_id": v}), asked for before the checks
+ * that precede it, so that the lines arrive while they run: the key's slot
+ * and access cell, and the template store's set. Only for an int or a str
+ * v (encoding them runs no Python code and raises nothing) and a cache the
+ * checks will let read; prefetches only, and the lookup computes the key
+ * again. */
+static void
+hint_find_one (CacheObject *cache, uint64_t ns_idx, PyObject *v)
+{
+   uint8_t filter[FAST_STR_MAX + CQC_ID_FILTER_FIXED];
+   Py_ssize_t flen;
+   cqc_key_t k;
+   uint64_t key_hash;
+
+   if (cache->fork_gen != cqc_fork_gen || cache->closed || cache->c.mode == CQC_MODE_OWNER ||
+       ns_idx >= cache->c.arena.geo.ns_count || (!PyLong_CheckExact (v) && !PyUnicode_CheckExact (v))) {
+      return;
+   }
+   flen = id_filter (cache, v, filter, sizeof filter);
+   if (flen <= 0 || cqc_key_build (&k, 1, (uint32_t) ns_idx, filter, (uint32_t) flen, NULL, 0) !=
+                       CQC_KEY_OK) {
+      return;
+   }
+   key_hash = cqc_hash_bytes (k.buf, k.len, 0);
+   cqc_key_free (&k);
+   cqc_arena_r_prefetch (&cache->c.arena, key_hash);
+   if (cache->templates) {
+      cqc_templates_prefetch_set (cache->templates, key_hash);
+   }
+}
+
 /* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options[, decode]):
  * decode(bytes, codec_options) builds the result of a hit; the cache's
  * decode (one document) when omitted. */
@@ -332,6 +363,7 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
    }
    Py_INCREF (v); /* the getter below may let another thread change filter */
    Py_INCREF ((PyObject *) cache);
+   hint_find_one (cache, core->ns_idx, v);
    if (!(session = PyObject_CallNoArgs (core->bound_session))) {
       goto fail;
    }

@@ -656,6 +656,17 @@ cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObject *
    return false;
 }
 
+void
+cqc_templates_prefetch_set (const cqc_templates_t *t, uint64_t key_hash)
+{
+   const char *set = (const char *) &t->ways[(size_t) ((key_hash >> 17) & t->mask) * WAYS];
+   size_t off;
+
+   for (off = 0; off < WAYS * sizeof (way_t); off += 64) {
+      __builtin_prefetch (set + off, 0, 3);
+   }
+}
+
 const program_t *
 cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash, uint64_t *block_off)
 {

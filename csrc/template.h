@@ -70,6 +70,10 @@ bool cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObj
 const cqc_program_t *cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash,
                                              uint64_t *block_off);
 
+/* A hint: asks for the lines of the set where a template of the key
+ * hashed key_hash would be (cqc_templates_prefetch then finds them). */
+void cqc_templates_prefetch_set (const cqc_templates_t *t, uint64_t key_hash);
+
 /* A hint: asks for the first lines a copy from `program` reads, so that
  * they arrive while the lookup validates the entry. */
 void cqc_template_prefetch (const cqc_program_t *program);
