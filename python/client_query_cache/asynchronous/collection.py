@@ -88,6 +88,12 @@ class AsyncCachedCollection(CollectionBase):
         step = core.fast_find_one(filter) if not args and not kwargs else core.start_find_one(filter, args, kwargs)
         if type(step) is not Step:
             return step
+        return await self._find_one_rest(step, filter, args, kwargs)
+
+    async def _find_one_rest(self, step: Step, filter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``find_one`` past a step that is not its result. Apart from
+        ``find_one`` so that a hit's frame holds no closure (its variables
+        would each be a cell, made on every call)."""
         return await self._serve(step, lambda: self._raw.find_one(filter, *args, **kwargs))
 
     async def count_documents(self, filter: Any, *args: Any, **kwargs: Any) -> int:
