@@ -65,17 +65,17 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
    /* The lookup's first loads (the slot, the template's way, the block
     * the template was made of) depend on one another: asked for together
     * here, they overlap. The copy's first lines are then asked for too:
-    * they arrive while the lookup validates the entry. */
+    * they arrive while the lookup validates the entry. The program is
+    * read before cqc_hit_begin, which may run Python code (a codec's
+    * judgement), after which the way may no longer hold it. */
    key_hash = cqc_hash_bytes (k.buf, k.len, 0);
    cqc_arena_r_prefetch (&self->c.arena, key_hash);
    if (self->templates &&
        (program = cqc_templates_prefetch (self->templates, key_hash, &block_off))) {
       cqc_arena_r_prefetch_block (&self->c.arena, block_off);
-   }
-   cqc_hit_begin (&r.hit, decode, codec_options);
-   if (program) {
       cqc_template_prefetch (program);
    }
+   cqc_hit_begin (&r.hit, decode, codec_options);
    if (self->templates && r.hit.how != CQC_HIT_DECODE) {
       r.templates = self->templates;
       r.kind = (int) r.hit.how | (r.hit.elements ? 4 : 0);

@@ -66,7 +66,8 @@ bool cqc_templates_find (cqc_templates_t *t, cqc_entry_id_t *id, int kind, PyObj
  * set holds a template of that key, asks for the first lines of its
  * program and returns the program, with *block_off the arena block it was
  * made of (for cqc_arena_r_prefetch_block); else NULL. The program is
- * only for cqc_template_prefetch, before the lookup decides. */
+ * only for cqc_template_prefetch, called before any Python code can run
+ * (which may release the template): nothing holds it. */
 const cqc_program_t *cqc_templates_prefetch (cqc_templates_t *t, uint64_t key_hash,
                                              uint64_t *block_off);
 
