@@ -41,34 +41,28 @@ held_template (void *ctx, cqc_entry_id_t *id)
    return cqc_templates_find (r->templates, id, r->kind, &r->tpl, &r->program);
 }
 
-/* Build the key (keys.h) and look it up; returns a new reference (the
- * entry as decode(bytes, codec_options) makes it, built by build.c or
- * copied from its template (template.h) when it can be, None, or a
- * sentinel) or NULL with an exception. */
+/* Look the built key k (keys.h, its hash key_hash) up; returns a new
+ * reference (the entry as decode(bytes, codec_options) makes it, built by
+ * build.c or copied from its template (template.h) when it can be, None,
+ * or a sentinel) or NULL with an exception. */
 static PyObject *
-lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
-            const uint8_t *filter, uint32_t flen, const uint8_t *rest, uint32_t rlen,
-            PyObject *codec_options, PyObject *decode)
+lookup_built (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, const cqc_key_t *k,
+              uint64_t key_hash, PyObject *codec_options, PyObject *decode)
 {
    cqc_served_t served;
-   cqc_key_t k;
-   uint64_t key_hash, block_off;
+   uint64_t block_off;
    cqc_entry_id_t id;
    read_hit_t r = {.templates = NULL, .tpl = NULL};
    const cqc_program_t *program = NULL;
    uint64_t value_hash = 0;
    PyObject *res;
 
-   if (!set_key_error (cqc_key_build (&k, kind, ns_idx, filter, flen, rest, rlen))) {
-      return NULL;
-   }
    /* The lookup's first loads (the slot, the template's way, the block
     * the template was made of) depend on one another: asked for together
     * here, they overlap. The copy's first lines are then asked for too:
     * they arrive while the lookup validates the entry. The program is
     * read before cqc_hit_begin, which may run Python code (a codec's
     * judgement), after which the way may no longer hold it. */
-   key_hash = cqc_hash_bytes (k.buf, k.len, 0);
    cqc_arena_r_prefetch (&self->c.arena, key_hash);
    if (self->templates &&
        (program = cqc_templates_prefetch (self->templates, key_hash, &block_off))) {
@@ -80,9 +74,8 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
       r.templates = self->templates;
       r.kind = (int) r.hit.how | (r.hit.elements ? 4 : 0);
    }
-   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, &k, key_hash, cqc_hit_alloc,
+   served = cqc_cache_lookup (&self->c, ns_idx, db_idx, k, key_hash, cqc_hit_alloc,
                               cqc_hit_discard, r.templates ? held_template : NULL, &r, &id);
-   cqc_key_free (&k);
    if (served != CQC_SERVE_HIT) {
       PyObject *answer[] = {[CQC_SERVE_NOT_FOUND] = Py_None, [CQC_SERVE_MISS] = cqc_miss,
                             [CQC_SERVE_UNHEALTHY] = cqc_unhealthy, [CQC_SERVE_BEHIND] = cqc_behind};
@@ -105,6 +98,25 @@ lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
    if (res && r.templates && self->templates) {
       cqc_templates_add (self->templates, &id, r.kind, res, value_hash);
    }
+   return res;
+}
+
+/* Build the key of (kind, ns_idx, filter, rest) and look it up
+ * (lookup_built). */
+static PyObject *
+lookup_key (CacheObject *self, uint32_t ns_idx, uint32_t db_idx, uint8_t kind,
+            const uint8_t *filter, uint32_t flen, const uint8_t *rest, uint32_t rlen,
+            PyObject *codec_options, PyObject *decode)
+{
+   cqc_key_t k;
+   PyObject *res;
+
+   if (!set_key_error (cqc_key_build (&k, kind, ns_idx, filter, flen, rest, rlen))) {
+      return NULL;
+   }
+   res = lookup_built (self, ns_idx, db_idx, &k, cqc_hash_bytes (k.buf, k.len, 0), codec_options,
+                       decode);
+   cqc_key_free (&k);
    return res;
 }
 
@@ -172,35 +184,34 @@ id_filter (CacheObject *self, PyObject *v, uint8_t *out, size_t cap)
    return 0;
 }
 
-/* Hints for the lookup of find_one({"_id": v}), asked for before the checks
- * that precede it, so that the lines arrive while they run: the key's slot
- * and access cell, and the template store's set. Only for an int or a str
- * v (encoding them runs no Python code and raises nothing) and a cache the
- * checks will let read; prefetches only, and the lookup computes the key
- * again. */
-static void
-hint_find_one (CacheObject *cache, uint64_t ns_idx, PyObject *v)
+/* The key of find_one({"_id": v}) built early, before the checks that
+ * precede its lookup, and its first lines asked for (the slot, the access
+ * cell, the template store's set), so that they arrive while the checks
+ * run: true with *k built (its filter in `filter`) and *key_hash set. Only
+ * for an int or a str v (encoding them runs no Python code and raises
+ * nothing) and a cache the checks will let read; else false, and the
+ * key is built after the checks. */
+static bool
+early_key (CacheObject *cache, uint64_t ns_idx, PyObject *v, uint8_t *filter, size_t cap,
+           cqc_key_t *k, uint64_t *key_hash)
 {
-   uint8_t filter[FAST_STR_MAX + CQC_ID_FILTER_FIXED];
    Py_ssize_t flen;
-   cqc_key_t k;
-   uint64_t key_hash;
 
    if (cache->fork_gen != cqc_fork_gen || cache->closed || cache->c.mode == CQC_MODE_OWNER ||
        ns_idx >= cache->c.arena.geo.ns_count || (!PyLong_CheckExact (v) && !PyUnicode_CheckExact (v))) {
-      return;
+      return false;
    }
-   flen = id_filter (cache, v, filter, sizeof filter);
-   if (flen <= 0 || cqc_key_build (&k, 1, (uint32_t) ns_idx, filter, (uint32_t) flen, NULL, 0) !=
-                       CQC_KEY_OK) {
-      return;
+   flen = id_filter (cache, v, filter, cap);
+   if (flen <= 0 ||
+       cqc_key_build (k, 1, (uint32_t) ns_idx, filter, (uint32_t) flen, NULL, 0) != CQC_KEY_OK) {
+      return false;
    }
-   key_hash = cqc_hash_bytes (k.buf, k.len, 0);
-   cqc_key_free (&k);
-   cqc_arena_r_prefetch (&cache->c.arena, key_hash);
+   *key_hash = cqc_hash_bytes (k->buf, k->len, 0);
+   cqc_arena_r_prefetch (&cache->c.arena, *key_hash);
    if (cache->templates) {
-      cqc_templates_prefetch_set (cache->templates, key_hash);
+      cqc_templates_prefetch_set (cache->templates, *key_hash);
    }
+   return true;
 }
 
 /* lookup(ns_idx, db_idx, kind, filter_bson, rest, codec_options[, decode]):
@@ -347,7 +358,11 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
    uint8_t key[FAST_STR_MAX + CQC_ID_FILTER_FIXED];
    CacheObject *cache = (CacheObject *) core->native;
    PyObject *v, *session, *codec, *r;
-   Py_ssize_t flen;
+   Py_ssize_t flen = 0;
+   cqc_key_t k;
+   uint64_t key_hash = 0, early_ns;
+   bool early;
+   int rc = -1;
 
    *id = *out = NULL;
    if (!core->fast || !cache || Py_TYPE (core->native) != g_cache_type || !core->codec ||
@@ -363,31 +378,38 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
    }
    Py_INCREF (v); /* the getter below may let another thread change filter */
    Py_INCREF ((PyObject *) cache);
-   hint_find_one (cache, core->ns_idx, v);
+   early_ns = core->ns_idx;
+   early = early_key (cache, early_ns, v, key, sizeof key, &k, &key_hash);
    if (!(session = PyObject_CallNoArgs (core->bound_session))) {
-      goto fail;
+      goto done;
    }
    Py_DECREF (session);
    if (session != Py_None) {
       goto not_taken;
    }
    if (!check_usable (cache, USE_READS)) {
-      goto fail;
+      goto done;
    }
    if (core->ns_idx >= cache->c.arena.geo.ns_count || core->db_idx >= cache->c.arena.geo.db_count) {
       PyErr_SetString (PyExc_ValueError, "ns_idx or db_idx out of range");
-      goto fail;
+      goto done;
    }
-   if ((flen = id_filter (cache, v, key, sizeof key)) < 0) {
-      goto fail;
+   if (early && core->ns_idx != early_ns) {
+      cqc_key_free (&k); /* rebound while the getter ran */
+      early = false;
    }
-   if (flen == 0) {
-      goto not_taken; /* an _id it cannot encode */
+   if (!early) {
+      if ((flen = id_filter (cache, v, key, sizeof key)) < 0) {
+         goto done;
+      }
+      if (flen == 0) {
+         goto not_taken; /* an _id it cannot encode */
+      }
    }
    if (cqc_after_var) {
       int covered = after_covers (cache, (uint32_t) core->db_idx);
       if (covered < 0) {
-         goto fail;
+         goto done;
       }
       if (!covered) {
          goto not_taken; /* held to a token the stream has not reached */
@@ -397,29 +419,31 @@ core_try_hit (CoreObject *core, PyObject *filter, PyObject **id, PyObject **out)
       goto not_taken; /* deleted while the getter ran */
    }
    codec = Py_NewRef (core->codec); /* a decoder in Python may let other code run */
-   r = lookup_key (cache, (uint32_t) core->ns_idx, (uint32_t) core->db_idx, 1, key,
-                   (uint32_t) flen, NULL, 0, codec, cache->decode);
+   r = early ? lookup_built (cache, (uint32_t) core->ns_idx, (uint32_t) core->db_idx, &k, key_hash,
+                             codec, cache->decode)
+             : lookup_key (cache, (uint32_t) core->ns_idx, (uint32_t) core->db_idx, 1, key,
+                           (uint32_t) flen, NULL, 0, codec, cache->decode);
    Py_DECREF (codec);
-   Py_DECREF ((PyObject *) cache);
    if (!r) {
-      Py_DECREF (v);
-      return -1;
+      goto done;
    }
    *out = r;
    if (r == cqc_miss || r == cqc_unhealthy || r == cqc_behind) {
-      *id = v;
-      return 0;
+      *id = Py_NewRef (v);
+      rc = 0;
+   } else {
+      rc = 1;
+   }
+   goto done;
+not_taken:
+   rc = 0;
+done:
+   if (early) {
+      cqc_key_free (&k);
    }
    Py_DECREF (v);
-   return 1;
-not_taken:
-   Py_DECREF (v);
    Py_DECREF ((PyObject *) cache);
-   return 0;
-fail:
-   Py_DECREF (v);
-   Py_DECREF ((PyObject *) cache);
-   return -1;
+   return rc;
 }
 
 /* The first Step of a find_one(filter) the fast path did not answer:
