@@ -15,6 +15,7 @@
  * what it thinks of the bytes), anything else (KeyboardInterrupt) is raised.
  */
 #include "build.h"
+#include "le.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -78,18 +79,6 @@ static struct {
  * it declines, whatever the interpreter's recursion limit: a bound on its
  * own C stack. */
 #define MAX_LEVEL 200
-
-static inline uint32_t
-le32 (const uint8_t *p)
-{
-   return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
-}
-
-static inline uint64_t
-le64 (const uint8_t *p)
-{
-   return (uint64_t) le32 (p) | (uint64_t) le32 (p + 4) << 32;
-}
 
 static PyObject *
 import_attr (const char *module, const char *name)
@@ -771,7 +760,7 @@ string_at (const uint8_t *p, size_t avail, size_t *used)
    if (avail < 4) {
       return NULL;
    }
-   n = le32 (p);
+   n = cqc_le32 (p);
    if (n == 0 || (uint64_t) n + 4 > avail || p[4 + n - 1] != 0) {
       return NULL;
    }
@@ -794,7 +783,7 @@ binary_at (const uint8_t *p, size_t avail, size_t *used)
    if (avail < 5) {
       return NULL;
    }
-   n = le32 (p);
+   n = cqc_le32 (p);
    st = p[4];
    data = p + 5;
    if ((uint64_t) n > avail - 5) {
@@ -808,7 +797,7 @@ binary_at (const uint8_t *p, size_t avail, size_t *used)
       return NULL;
    }
    if (st == 2) {
-      if (n < 4 || le32 (data) != n - 4) {
+      if (n < 4 || cqc_le32 (data) != n - 4) {
          return NULL;
       }
       data += 4;
@@ -900,14 +889,14 @@ code_w_scope_at (builder_t *b, const uint8_t *p, size_t avail, size_t *used)
    if (avail < 14) {
       return NULL;
    }
-   total = le32 (p);
+   total = cqc_le32 (p);
    if (total < 14 || total > avail) {
       return NULL;
    }
    if (!(code = string_at (p + 4, total - 4, &slen))) {
       return NULL;
    }
-   if (total - 4 - slen >= 5 && le32 (p + 4 + slen) == total - 4 - slen) {
+   if (total - 4 - slen >= 5 && cqc_le32 (p + 4 + slen) == total - 4 - slen) {
       scope = build_doc (b, p + 4 + slen, total - 4 - slen, false);
    }
    if (scope) {
@@ -963,8 +952,8 @@ rare_value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_
          return NULL;
       }
       *used = 8;
-      x = PyLong_FromUnsignedLong (le32 (p + 4));
-      y = x ? PyLong_FromUnsignedLong (le32 (p)) : NULL;
+      x = PyLong_FromUnsignedLong (cqc_le32 (p + 4));
+      y = x ? PyLong_FromUnsignedLong (cqc_le32 (p)) : NULL;
       v = y ? PyObject_CallFunctionObjArgs (g.timestamp, x, y, NULL) : NULL;
       Py_XDECREF (x);
       Py_XDECREF (y);
@@ -974,7 +963,7 @@ rare_value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_
          return NULL;
       }
       *used = 8;
-      x = PyLong_FromLongLong ((long long) (int64_t) le64 (p));
+      x = PyLong_FromLongLong ((long long) (int64_t) cqc_le64 (p));
       v = x ? PyObject_CallFunctionObjArgs (g.int64, x, NULL) : NULL;
       Py_XDECREF (x);
       return v;
@@ -1012,7 +1001,7 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
       if (avail < 8) {
          return NULL;
       }
-      u = le64 (p);
+      u = cqc_le64 (p);
       memcpy (&dbl, &u, 8);
       *used = 8;
       return PyFloat_FromDouble (dbl);
@@ -1022,13 +1011,13 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
       if (avail < 4) {
          return NULL;
       }
-      *used = le32 (p);
+      *used = cqc_le32 (p);
       return build_doc (b, p, avail, true);
    case 0x04: /* array */
       if (avail < 4) {
          return NULL;
       }
-      *used = le32 (p);
+      *used = cqc_le32 (p);
       return build_array (b, p, avail);
    case 0x07:
       if (avail < 12) {
@@ -1047,7 +1036,7 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
          return NULL;
       }
       *used = 8;
-      return datetime_by (g.dt_mode, (int64_t) le64 (p));
+      return datetime_by (g.dt_mode, (int64_t) cqc_le64 (p));
    case 0x0A: /* null */
       *used = 0;
       return Py_NewRef (Py_None);
@@ -1056,7 +1045,7 @@ value_at (builder_t *b, uint8_t type, const uint8_t *p, size_t avail, size_t *us
          return NULL;
       }
       *used = 4;
-      return PyLong_FromLong ((long) (int32_t) le32 (p));
+      return PyLong_FromLong ((long) (int32_t) cqc_le32 (p));
    default:
       return rare_value_at (b, type, p, avail, used);
    }
@@ -1111,7 +1100,7 @@ container_ok (const uint8_t *p, size_t avail)
    if (avail < 5) {
       return false;
    }
-   size = le32 (p);
+   size = cqc_le32 (p);
    return size >= 5 && size <= avail && p[size - 1] == 0;
 }
 
@@ -1128,7 +1117,7 @@ build_doc (builder_t *b, const uint8_t *p, size_t avail, bool dbref)
    if (!container_ok (p, avail) || !level_in (b)) {
       return NULL;
    }
-   end = le32 (p) - 1;
+   end = cqc_le32 (p) - 1;
    if (!(d = PyDict_New ())) {
       goto cleanup;
    }
@@ -1183,7 +1172,7 @@ build_array (builder_t *b, const uint8_t *p, size_t avail)
    if (!container_ok (p, avail) || !(list = PyList_New (0))) {
       return NULL;
    }
-   end = le32 (p) - 1;
+   end = cqc_le32 (p) - 1;
    while (pos < end) {
       uint8_t type = p[pos++];
       size_t nlen = nul_at (p + pos, end - pos);
@@ -1222,10 +1211,10 @@ build_array (builder_t *b, const uint8_t *p, size_t avail)
 static PyObject *
 top_doc (builder_t *b, const uint8_t *p, size_t len, bool exact, bool elements, size_t *size)
 {
-   if (len < 5 || (exact && le32 (p) != len)) {
+   if (len < 5 || (exact && cqc_le32 (p) != len)) {
       return NULL;
    }
-   *size = le32 (p);
+   *size = cqc_le32 (p);
    return build_doc (b, p, len, elements);
 }
 
@@ -1328,7 +1317,7 @@ batch_of (const uint8_t *p, size_t len, bool many)
 
    while (pos < len) {
       size_t size;
-      if (len - pos < 5 || (size = le32 (p + pos)) < 5 || size > len - pos) {
+      if (len - pos < 5 || (size = cqc_le32 (p + pos)) < 5 || size > len - pos) {
          return NULL;
       }
       pos += size;
@@ -1350,7 +1339,7 @@ batch_of (const uint8_t *p, size_t len, bool many)
    put_le32 (out + 6, (uint32_t) (total - 7));
    at = 10;
    for (pos = 0; pos < len;) {
-      size_t size = le32 (p + pos);
+      size_t size = cqc_le32 (p + pos);
       out[at] = 0x03;
       out[at + 1] = '0';
       out[at + 2] = 0;

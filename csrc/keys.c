@@ -2,6 +2,7 @@
  * keys.c - see keys.h.
  */
 #include "keys.h"
+#include "le.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,6 +62,15 @@ hash_int (int64_t v)
    return hash_tagged (TAG_INT, &v, sizeof v);
 }
 
+/* An _id of any other type: its type byte and its value's raw bytes. */
+static uint64_t
+hash_value_bytes (uint8_t type, const uint8_t *raw, size_t len)
+{
+   uint64_t h = hash_tagged (TAG_OTHER, &type, 1);
+
+   return h ^ cqc_hash_bytes (raw, len, h);
+}
+
 cqc_id_kind_t
 cqc_id_hash (const bson_iter_t *iter, uint64_t *hash, bool *identity_ok)
 {
@@ -109,11 +119,8 @@ cqc_id_hash (const bson_iter_t *iter, uint64_t *hash, bool *identity_ok)
    default: {
       /* Hash the type byte and the raw value bytes (libbson's iterator
        * exposes the value's offset, d1, and the next element's, next_off). */
-      const uint8_t *raw = iter->raw + iter->d1;
       size_t vlen = iter->next_off > iter->d1 ? iter->next_off - iter->d1 : 0;
-      uint8_t tb = (uint8_t) t;
-      uint64_t h = hash_tagged (TAG_OTHER, &tb, 1);
-      *hash = h ^ cqc_hash_bytes (raw, vlen, h);
+      *hash = hash_value_bytes ((uint8_t) t, iter->raw + iter->d1, vlen);
       return CQC_ID_CELL;
    }
    }
@@ -124,12 +131,6 @@ cqc_id_cell (uint64_t id_hash, uint32_t ns_idx, uint32_t count)
 {
    return (uint32_t) fmix64 (id_hash ^ ((uint64_t) ns_idx * 0x9e3779b97f4a7c15ull)) &
           (count - 1);
-}
-
-static inline uint32_t
-le32_at (const uint8_t *p)
-{
-   return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
 }
 
 /* The filters the fast path writes (cqc_id_filter_*): {"_id": v} with an
@@ -146,7 +147,7 @@ simple_identity (const uint8_t *f, size_t len, uint64_t *id_hash)
    uint8_t type;
    int64_t x;
 
-   if (len < 14 || le32_at (f) != len || f[len - 1] != 0 || memcmp (f + 5, "_id", 4) != 0) {
+   if (len < 14 || cqc_le32 (f) != len || f[len - 1] != 0 || memcmp (f + 5, "_id", 4) != 0) {
       return false;
    }
    switch ((type = f[4])) {
@@ -154,30 +155,28 @@ simple_identity (const uint8_t *f, size_t len, uint64_t *id_hash)
       if (vlen != 4) {
          return false;
       }
-      x = (int32_t) le32_at (v);
+      x = (int32_t) cqc_le32 (v);
       *id_hash = hash_int (x);
       return true;
    case 0x12: /* int64 */
       if (vlen != 8) {
          return false;
       }
-      x = (int64_t) ((uint64_t) le32_at (v) | (uint64_t) le32_at (v + 4) << 32);
+      x = (int64_t) cqc_le64 (v);
       *id_hash = hash_int (x);
       return true;
    case 0x02: /* string: its length counts its NUL */
-      if (vlen < 5 || le32_at (v) != vlen - 4 || v[vlen - 1] != 0) {
+      if (vlen < 5 || cqc_le32 (v) != vlen - 4 || v[vlen - 1] != 0) {
          return false;
       }
       *id_hash = hash_tagged (TAG_STRING, v + 4, vlen - 5);
       return true;
-   case 0x07: { /* ObjectId: the type byte and the value's bytes */
-      uint64_t h = hash_tagged (TAG_OTHER, &type, 1);
+   case 0x07: /* ObjectId */
       if (vlen != 12) {
          return false;
       }
-      *id_hash = h ^ cqc_hash_bytes (v, 12, h);
+      *id_hash = hash_value_bytes (type, v, 12);
       return true;
-   }
    default:
       return false;
    }
