@@ -138,6 +138,8 @@ typedef struct {
       Py_ssize_t index; /* its index in its parent list */
    } at;
    uint32_t lines; /* how many of the program's lines its copy touches */
+   uint32_t slot;  /* keyed: its value's offset in its parent's keys table
+                    * (value_offset), 0 when the copy uses PyDict_SetItem */
    uint16_t depth; /* 0 for the tree itself, then its parent's + 1 */
    uint8_t dict;   /* a dict, else a list */
    uint8_t keyed;  /* its parent is a dict */
@@ -151,6 +153,129 @@ typedef struct cqc_program {
 } program_t;
 
 #define PROGRAM_CAPSULE "client_query_cache._native.template"
+
+/* Where a copy puts a nested container in the copy of its parent dict.
+ * That copy is PyDict_Copy's: a clone of the template's keys table, which
+ * holds the template's nested container where the copy's must go. The
+ * copy replaces it there instead of looking the key up again with
+ * PyDict_SetItem (whose lookup and insert code, cold after other work,
+ * cost more than the rest of a nested container's copy). The value's
+ * offset is read from where CPython 3.11 to 3.14 keep it: a dict's keys
+ * table is the fifth word of the object, and a table of str keys is a
+ * 32-byte header whose ninth and tenth bytes are the log2 of its slots
+ * and of its index bytes, the index, then 16-byte entries (key, value),
+ * PyDict_Next's position minus one being an entry's index. Unlike the
+ * prefetch hints (storage_of), this writes, so it is done only where
+ *  - this interpreter's dicts were found laid out so (layout_holds, once);
+ *  - the template's own table has its nested container at that offset
+ *    (compile);
+ *  - the copy's table has the template's sizes and still holds the
+ *    template's nested container there (template_run).
+ * Anywhere else the copy uses PyDict_SetItem. A copy is a new dict no other
+ * code has seen: no watcher or cached version can miss the write. */
+static const uint8_t *
+dict_table (PyObject *dict)
+{
+   return ((const void *const *) dict)[4];
+}
+
+/* The offset of entry ix's value in dict's keys table, 0 if the table's
+ * header does not describe such an entry. */
+static uint32_t
+value_offset (PyObject *dict, Py_ssize_t ix)
+{
+   const uint8_t *keys = dict_table (dict);
+   unsigned log2_size = keys[8], log2_index = keys[9];
+
+   if (log2_size < 3 || log2_size > 16 || log2_index < log2_size || log2_index > log2_size + 2 ||
+       ix < 0 || ix >= ((Py_ssize_t) 1 << log2_size) * 2 / 3) {
+      return 0;
+   }
+   return (uint32_t) (32 + ((size_t) 1 << log2_index) + (size_t) ix * 16 + 8);
+}
+
+static PyObject **
+value_at (PyObject *dict, uint32_t offset)
+{
+   return (PyObject **) (dict_table (dict) + offset);
+}
+
+/* Whether this interpreter lays dicts out as value_offset reads them: in a
+ * dict of 12 str keys (a table of 32 slots), its first 4 values where
+ * value_offset says (offsets under 200 bytes: inside the table however it
+ * is laid out). Tested once. */
+static bool
+layout_holds (void)
+{
+   static int holds = -1;
+   PyObject *d, *k, *v;
+   Py_ssize_t pos = 0;
+   int i, found = 0;
+   bool ok;
+
+   if (holds >= 0) {
+      return holds;
+   }
+   holds = 0;
+   ok = (d = PyDict_New ()) != NULL;
+   for (i = 0; ok && i < 12; i++) {
+      k = PyUnicode_FromFormat ("k%d", i);
+      v = k ? PyLong_FromLong (1000 + i) : NULL;
+      ok = v && PyDict_SetItem (d, k, v) == 0;
+      Py_XDECREF (k);
+      Py_XDECREF (v);
+   }
+   while (ok && found < 4 && PyDict_Next (d, &pos, &k, &v)) {
+      uint32_t off = value_offset (d, pos - 1);
+      ok = off && off < 200 && *value_at (d, off) == v;
+      found++;
+   }
+   Py_XDECREF (d);
+   PyErr_Clear ();
+   holds = ok && found == 4;
+   return holds;
+}
+
+/* The offset of child's value in the template dict node, where child is
+ * at key: 0 when the copy is to use PyDict_SetItem. */
+static uint32_t
+child_offset (PyObject *node, PyObject *key, PyObject *child)
+{
+   Py_ssize_t pos = 0;
+   PyObject *k, *v;
+   uint32_t off;
+
+   if (!layout_holds ()) {
+      return 0;
+   }
+   while (PyDict_Next (node, &pos, &k, &v)) {
+      if (k == key) {
+         off = value_offset (node, pos - 1);
+         return off && *value_at (node, off) == child ? off : 0;
+      }
+   }
+   return 0;
+}
+
+/* Where the copy of dict template tmpl holds s's template container, or
+ * NULL when the copy is to use PyDict_SetItem. */
+static inline PyObject **
+child_in_copy (PyObject *copy, PyObject *tmpl, const step_t *s)
+{
+   const uint8_t *ct, *tt;
+   PyObject **at;
+
+   if (!s->slot) {
+      return NULL;
+   }
+   ct = dict_table (copy);
+   tt = dict_table (tmpl);
+   if (ct[8] != tt[8] || ct[9] != tt[9]) {
+      return NULL;
+   }
+   at = value_at (copy, s->slot);
+   return *at == s->node ? at : NULL;
+}
 
 /* A growing array (steps or lines) while a program is made. */
 typedef struct {
@@ -254,7 +379,7 @@ compile (PyObject *node, PyObject *plan, PyObject *key, Py_ssize_t index, uint32
    if (!s) {
       return;
    }
-   *s = (step_t){.node = node, .depth = (uint16_t) depth, .dict = dict, .keyed = key != NULL};
+   *s = (step_t){.node = node, .slot = 0, .depth = (uint16_t) depth, .dict = dict, .keyed = key != NULL};
    if (key) {
       s->at.key = key;
    } else {
@@ -283,12 +408,16 @@ compile (PyObject *node, PyObject *plan, PyObject *key, Py_ssize_t index, uint32
       PyObject *where = PyTuple_GetItem (plan, i);
       PyObject *child = dict ? PyDict_GetItem (node, where)
                              : PyList_GetItem (node, PyLong_AsSsize_t (where));
+      size_t here = steps->n;
       if (!child) {
          steps->failed = true;
          return;
       }
       compile (child, PyTuple_GetItem (plan, i + 1), dict ? where : NULL,
                dict ? 0 : PyLong_AsSsize_t (where), depth + 1, steps, lines);
+      if (dict && !steps->failed && here < steps->n) {
+         ((step_t *) steps->at)[here].slot = child_offset (node, where, child);
+      }
    }
 }
 
@@ -478,6 +607,8 @@ cqc_template_run (const program_t *p)
    /* The copy of each depth's container on the way to the current one
     * (borrowed: each is held by the one above it, the first by root). */
    PyObject *path[MAX_DEPTH + 2], *root = NULL;
+   /* The template's container at each depth of that way. */
+   PyObject *tpath[MAX_DEPTH + 2];
    size_t k, used = 0, asked = 0, upto;
 
    for (k = 0; p && k < p->nsteps; k++) {
@@ -498,8 +629,14 @@ cqc_template_run (const program_t *p)
       if (k == 0) {
          root = c;
       } else if (s->keyed) {
-         r = PyDict_SetItem (path[s->depth - 1], s->at.key, c);
-         Py_DECREF (c);
+         PyObject **at = child_in_copy (path[s->depth - 1], tpath[s->depth - 1], s);
+         if (at) {
+            *at = c; /* the reference the clone took to s->node goes */
+            Py_DECREF (s->node);
+         } else {
+            r = PyDict_SetItem (path[s->depth - 1], s->at.key, c);
+            Py_DECREF (c);
+         }
       } else {
          r = PyList_SetItem (path[s->depth - 1], s->at.index, c); /* steals c */
       }
@@ -507,6 +644,7 @@ cqc_template_run (const program_t *p)
          break;
       }
       path[s->depth] = c;
+      tpath[s->depth] = s->node;
    }
    if (!p || k < p->nsteps) {
       Py_XDECREF (root);

@@ -15,6 +15,7 @@ default, the fourth, has a test of its own).
 from __future__ import annotations
 
 import datetime
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -109,6 +110,14 @@ def assert_no_shared_mutable_part(a: Any, b: Any) -> None:
     ids = {id(p) for p in parts}
     shared = [p for p in mutable_parts(b) if id(p) in ids]
     assert shared == [], f"two hits share {shared!r}"
+
+
+def containers(tree: Any) -> Iterator[Any]:
+    """The dicts and lists of ``tree``, itself first."""
+    yield tree
+    for v in tree.values() if isinstance(tree, dict) else tree:
+        if isinstance(v, (dict, list)):
+            yield from containers(v)
 
 
 def assert_copies_are_fresh(tpl: Any, built: Any) -> None:
@@ -295,8 +304,20 @@ def test_templates_of_deep_and_wide_documents() -> None:
     for level in range(200):
         deep = [level, deep, "s"] if level % 2 else {"k": deep, "i": level}
     wide = {"_id": 1, "rows": [{"i": i, "tags": [str(i), i * 0.5], "at": {"d": i}} for i in range(3000)]}
-    for built in (deep, wide, [wide, deep[1]], []):
-        assert_copies_are_fresh(_native._template(built), built)
+    # Many fields, nested containers among them (first, inside, last): a
+    # dict's copy puts its nested copies where its table holds them, with
+    # one-byte, two-byte and (past 65,536 slots) four-byte table indexes.
+    broad = [
+        {f"f{i}": {"i": i} if i % 7 == 0 else [i] if i % 11 == 0 or i == n - 1 else i for i in range(n)}
+        for n in (1, 12, 300, 50_000)
+    ]
+    for built in (deep, wide, [wide, deep[1]], [], *broad):
+        tpl = _native._template(built)
+        nodes = list(containers(tpl[0]))
+        before = [sys.getrefcount(c) for c in nodes]
+        assert_copies_are_fresh(tpl, built)
+        # Copies made and dropped hold nothing of the template's.
+        assert [sys.getrefcount(c) for c in nodes] == before
     # One level more than that: no template (hits built every time).
     assert _native._template({"k": deep}) is None
     assert _native._template([wide, deep]) is None
