@@ -173,6 +173,15 @@ typedef struct cqc_program {
  *    template's nested container there (template_run).
  * Anywhere else the copy uses PyDict_SetItem. A copy is a new dict no other
  * code has seen: no watcher or cached version can miss the write. */
+/* Whether this is a CPython whose dicts and lists are laid out as described
+ * here and at storage_of: 3.11 to 3.14. Any other reads none of their
+ * fields. */
+static bool
+layout_known (void)
+{
+   return Py_Version >= 0x030B0000 && Py_Version < 0x030F0000;
+}
+
 static const uint8_t *
 dict_table (PyObject *dict)
 {
@@ -208,7 +217,7 @@ static bool
 layout_holds (void)
 {
    static int holds = -1;
-   PyObject *d, *k, *v;
+   PyObject *d = NULL, *k, *v;
    Py_ssize_t pos = 0;
    int i, found = 0;
    bool ok;
@@ -217,7 +226,7 @@ layout_holds (void)
       return holds;
    }
    holds = 0;
-   ok = (d = PyDict_New ()) != NULL;
+   ok = layout_known () && (d = PyDict_New ()) != NULL;
    for (i = 0; ok && i < 12; i++) {
       k = PyUnicode_FromFormat ("k%d", i);
       v = k ? PyLong_FromLong (1000 + i) : NULL;
@@ -344,10 +353,14 @@ value_add (grow_t *lines, PyObject *v)
  * str). A hint only: a prefetch of any address is harmless, so on a
  * CPython laid out otherwise a copy is as correct, only slower. The words
  * read are inside the objects (a dict or a list is larger, a keys table
- * at least its header). */
+ * at least its header); on a CPython after 3.14 none is read. */
 static const void *
 storage_of (PyObject *node, size_t *size)
 {
+   if (!layout_known ()) {
+      *size = 0;
+      return node;
+   }
    if (PyDict_CheckExact (node)) {
       const uint8_t *keys = ((const void *const *) node)[4];
       size_t slots = (size_t) 1 << (keys[8] & 31), index = (size_t) 1 << (keys[9] & 31);
