@@ -361,6 +361,7 @@ CHROOT_SUBSET = [
     "tests/test_shared_cache.py",
     "tests/test_process_files.py",
     "tests/test_builder.py",
+    "tests/test_templates.py",
 ]
 # The builder's properties run this many examples each in the subset
 # sessions (and the arm64 one), not 500: the host's suite, the sanitizer run
