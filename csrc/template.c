@@ -154,6 +154,15 @@ typedef struct cqc_program {
 
 #define PROGRAM_CAPSULE "client_query_cache._native.template"
 
+/* Whether this is a CPython whose dicts and lists are laid out as described
+ * here and at storage_of: 3.11 to 3.14. Any other reads none of their
+ * fields. */
+static bool
+layout_known (void)
+{
+   return Py_Version >= 0x030B0000 && Py_Version < 0x030F0000;
+}
+
 /* Where a copy puts a nested container in the copy of its parent dict.
  * That copy is PyDict_Copy's: a clone of the template's keys table, which
  * holds the template's nested container where the copy's must go. The
@@ -173,15 +182,6 @@ typedef struct cqc_program {
  *    template's nested container there (template_run).
  * Anywhere else the copy uses PyDict_SetItem. A copy is a new dict no other
  * code has seen: no watcher or cached version can miss the write. */
-/* Whether this is a CPython whose dicts and lists are laid out as described
- * here and at storage_of: 3.11 to 3.14. Any other reads none of their
- * fields. */
-static bool
-layout_known (void)
-{
-   return Py_Version >= 0x030B0000 && Py_Version < 0x030F0000;
-}
-
 static const uint8_t *
 dict_table (PyObject *dict)
 {
@@ -246,20 +246,22 @@ layout_holds (void)
 }
 
 /* The offset of child's value in the template dict node, where child is
- * at key: 0 when the copy is to use PyDict_SetItem. */
+ * at key: 0 when the copy is to use PyDict_SetItem. *pos is PyDict_Next's
+ * position, kept between the calls for one node: its nested containers
+ * are asked for in the node's order (make_node's plan), so the node's
+ * entries are read once in all. */
 static uint32_t
-child_offset (PyObject *node, PyObject *key, PyObject *child)
+child_offset (PyObject *node, PyObject *key, PyObject *child, Py_ssize_t *pos)
 {
-   Py_ssize_t pos = 0;
    PyObject *k, *v;
    uint32_t off;
 
    if (!layout_holds ()) {
       return 0;
    }
-   while (PyDict_Next (node, &pos, &k, &v)) {
+   while (PyDict_Next (node, pos, &k, &v)) {
       if (k == key) {
-         off = value_offset (node, pos - 1);
+         off = value_offset (node, *pos - 1);
          return off && *value_at (node, off) == child ? off : 0;
       }
    }
@@ -362,7 +364,7 @@ storage_of (PyObject *node, size_t *size)
       return node;
    }
    if (PyDict_CheckExact (node)) {
-      const uint8_t *keys = ((const void *const *) node)[4];
+      const uint8_t *keys = dict_table (node);
       size_t slots = (size_t) 1 << (keys[8] & 31), index = (size_t) 1 << (keys[9] & 31);
       size_t bound = 48 + 3 * (size_t) PyDict_Size (node) * sizeof (void *);
 
@@ -383,7 +385,7 @@ compile (PyObject *node, PyObject *plan, PyObject *key, Py_ssize_t index, uint32
          grow_t *steps, grow_t *lines)
 {
    bool dict = PyDict_CheckExact (node);
-   Py_ssize_t pos = 0, i, n;
+   Py_ssize_t pos = 0, scan = 0, i, n;
    PyObject *k, *v;
    size_t storage, before = lines->n, at = steps->n, off;
    const char *p = storage_of (node, &storage);
@@ -429,7 +431,7 @@ compile (PyObject *node, PyObject *plan, PyObject *key, Py_ssize_t index, uint32
       compile (child, PyTuple_GetItem (plan, i + 1), dict ? where : NULL,
                dict ? 0 : PyLong_AsSsize_t (where), depth + 1, steps, lines);
       if (dict && !steps->failed && here < steps->n) {
-         ((step_t *) steps->at)[here].slot = child_offset (node, where, child);
+         ((step_t *) steps->at)[here].slot = child_offset (node, where, child, &scan);
       }
    }
 }
