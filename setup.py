@@ -40,6 +40,14 @@ INSTALL_HINT = (
 
 COMPILE_ARGS = ["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-O2", "-pthread", "-fvisibility=hidden"]
 LINK_ARGS = ["-pthread"]
+# A release or development build (not a sanitized one) is optimized across
+# its files at link time, and calls into libpython and the libraries load
+# their addresses from the GOT rather than going through PLT stubs: the hit
+# path is many small functions in several files and CPython calls, and a
+# hit after other code has run pays for every code line it touches
+# (docs/benchmarks.md has the side-by-side runs). Plain -flto: zig cc,
+# which builds the wheels, takes no -flto=auto.
+OPTIMIZE_ARGS = ["-flto", "-fno-plt"]
 # The oldest CPython whose limited API the extension is written to (3.11:
 # Py_buffer and PyObject_GetBuffer joined the limited API there).
 LIMITED_API_HEX = "0x030B0000"
@@ -120,12 +128,12 @@ class BuildExt(build_ext):
 
     def run(self) -> None:
         cflags, libs = pkg_config_flags()
-        extra = sanitize_args() if sanitize_requested() else []
+        extra = sanitize_args() if sanitize_requested() else OPTIMIZE_ARGS
         if static_prefix_requested():
             libs += self.static_link_args()
         for ext in self.extensions:
             ext.extra_compile_args = cflags + COMPILE_ARGS + extra
-            ext.extra_link_args = libs + LINK_ARGS + extra
+            ext.extra_link_args = libs + LINK_ARGS + extra + ([] if sanitize_requested() else ["-O2"])
         self.force = True
         super().run()
         if self.inplace:
