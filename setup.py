@@ -128,12 +128,15 @@ class BuildExt(build_ext):
 
     def run(self) -> None:
         cflags, libs = pkg_config_flags()
-        extra = sanitize_args() if sanitize_requested() else OPTIMIZE_ARGS
+        if sanitize_requested():
+            compile_extra = link_extra = sanitize_args()
+        else:  # link-time optimization compiles again at link: at -O2 too
+            compile_extra, link_extra = OPTIMIZE_ARGS, OPTIMIZE_ARGS + ["-O2"]
         if static_prefix_requested():
             libs += self.static_link_args()
         for ext in self.extensions:
-            ext.extra_compile_args = cflags + COMPILE_ARGS + extra
-            ext.extra_link_args = libs + LINK_ARGS + extra + ([] if sanitize_requested() else ["-O2"])
+            ext.extra_compile_args = cflags + COMPILE_ARGS + compile_extra
+            ext.extra_link_args = libs + LINK_ARGS + link_extra
         self.force = True
         super().run()
         if self.inplace:
