@@ -84,6 +84,12 @@ class Context:
     workers: list[Any] = dataclasses.field(default_factory=list)
     #: The cached collection the reader reads.
     cached: Any = None
+    #: Its manager.
+    manager: Any = None
+    #: ring_full: while the reads that fill the ring ran (and the reader's
+    #: beside them), admissions the ring refused, admissions refused for
+    #: other reasons, and reads that bypassed; None elsewhere.
+    fill: dict[str, int] | None = None
 
     def start_owner(self) -> None:
         s = self.scenario
@@ -129,10 +135,21 @@ class Context:
         """Stop the owner, then miss at once on queries never read before: their
         admissions (200 KB each) go to this worker's ring, which nobody drains,
         until it is full (before the owner's heartbeat is stale and reads
-        bypass)."""
+        bypass). What happened meanwhile is recorded: reads that bypass or
+        admissions refused for another reason (an owner starved by other
+        work demotes its stream; a slow machine lets the heartbeat go stale)
+        may leave the ring short of full."""
+        before = self.manager.snapshot()
         self.stop_owner()
         for k in range(self.scenario.docs):
             self.cached.find_one({"_id": k, "pad": {"$exists": True}})
+        after = self.manager.snapshot()
+        rejected = {r: n - before.rejected_admissions.get(r, 0) for r, n in after.rejected_admissions.items()}
+        self.fill = {
+            "ring_full": rejected.pop("ring_full", 0),
+            "rejected_otherwise": sum(rejected.values()),
+            "bypasses": after.bypass_total - before.bypass_total,
+        }
 
     def spawn_admitting_worker(self) -> None:
         proc = kit.spawn(_admitting_worker, self.owner_name, self.server.uri, self.db, self.coll, daemon=True)
@@ -363,7 +380,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
             if scenario.down_at_start:
                 server.stop()
             manager = stack.enter_context(CacheManager(client, max_await_time_ms=MAX_AWAIT_MS, stream_uri=proxy.uri))
-        ctx.cached = manager[ctx.db][ctx.coll]
+        ctx.manager, ctx.cached = manager, manager[ctx.db][ctx.coll]
         writer, reader = Writer(uri, ctx, seed), Reader(manager, ctx, seed)
         stack.callback(writer.close)
         stack.callback(reader.close)
@@ -427,6 +444,7 @@ def _run(scenario: Scenario, seed: int, timeout: float) -> dict[str, Any]:
         "history_lost": stream.history_lost,
         "stream_state_at_end": stream.state.value,
         "attached_workers_at_end": attached,
+        "ring_fill": ctx.fill,
     }
 
 

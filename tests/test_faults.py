@@ -22,11 +22,33 @@ pytestmark = pytest.mark.skipif(
 
 #: Scheduling slack on a loaded 2-core machine.
 SLACK_MS = 600
+#: ring_full runs again (at most this many times in all) when something
+#: other than its ring kept its reads' admissions out while it was filled.
+RING_FULL_RUNS = 3
+
+
+def _ring_full_result() -> dict:
+    """ring_full's result once its ring refused admissions while it was
+    filled, or once nothing else happened then: its reads (12 of 200 KB,
+    over twice the 1 MiB ring, nobody draining it) then all pushed their
+    admissions, and the ring must have refused some. A run whose ring
+    refused nothing while reads bypassed or admissions were refused for
+    another reason (the owner's stream demoted by a starved owner, its
+    heartbeat stale on a slow machine) is checked like any other and then
+    run again."""
+    for _ in range(RING_FULL_RUNS):
+        result = faults.run_scenario("ring_full")
+        assert faults.checks({"scenarios": [result]}) == []
+        assert result["stale_reads"] == 0 and result["other_errors"] == 0
+        fill = result["ring_fill"]
+        if fill["ring_full"] > 0 or fill["rejected_otherwise"] + fill["bypasses"] == 0:
+            return result
+    pytest.fail(f"the ring's admissions were kept out otherwise in every run: {fill}")
 
 
 @pytest.mark.parametrize("name", list(faults.SCENARIOS))
 def test_a_fault_leads_to_bypass_and_recovery_never_to_a_stale_read(name: str) -> None:
-    result = faults.run_scenario(name)
+    result = _ring_full_result() if name == "ring_full" else faults.run_scenario(name)
     assert faults.checks({"scenarios": [result]}) == []
     assert result["stale_reads"] == 0 and result["other_errors"] == 0
     assert result["hits"] > 0 and result["recovery_ms"] is not None
