@@ -134,11 +134,11 @@ class Context:
     def stop_owner_and_fill_ring(self) -> None:
         """Stop the owner, then miss at once on queries never read before: their
         admissions (200 KB each) go to this worker's ring, which nobody drains,
-        until it is full (before the owner's heartbeat is stale and reads
-        bypass). What happened meanwhile is recorded: reads that bypass or
-        admissions refused for another reason (an owner starved by other
-        work demotes its stream; a slow machine lets the heartbeat go stale)
-        may leave the ring short of full."""
+        until it is full (a stale heartbeat makes hits bypass, not these
+        misses' admissions). What happened meanwhile is recorded: reads that
+        bypass or admissions refused for another reason (an owner starved by
+        other work demotes its stream; the stream stops serving between a
+        read's capture and its admission) may leave the ring short of full."""
         before = self.manager.snapshot()
         self.stop_owner()
         for k in range(self.scenario.docs):

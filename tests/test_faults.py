@@ -33,9 +33,9 @@ def _ring_full_result() -> dict:
     over twice the 1 MiB ring, nobody draining it) then all pushed their
     admissions, and the ring must have refused some. A run whose ring
     refused nothing while reads bypassed or admissions were refused for
-    another reason (the owner's stream demoted by a starved owner, its
-    heartbeat stale on a slow machine) is checked like any other and then
-    run again."""
+    another reason (the owner's stream demoted by a starved owner, or not
+    serving between a read's capture and its admission) is checked like
+    any other and then run again."""
     for _ in range(RING_FULL_RUNS):
         result = faults.run_scenario("ring_full")
         assert faults.checks({"scenarios": [result]}) == []
