@@ -25,7 +25,11 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ro
 
 from benchmarks import streams  # noqa: E402
 
-TINY = ["--quick", "--dbs", "1,4", "--samples", "10", "--idle-seconds", "1", "--modes", "local,shared"]
+#: The idle window is three of the follower's await periods (streams.MAX_AWAIT_MS): an idle
+#: getMore returns after one, so a window of one could end before any did (it did once in CI,
+#: under a load average of 12) and find no getMore where the follower was polling as it should.
+IDLE_SECONDS = 3 * streams.MAX_AWAIT_MS / 1000
+TINY = ["--quick", "--dbs", "1,4", "--samples", "10", "--idle-seconds", f"{IDLE_SECONDS:g}", "--modes", "local,shared"]
 
 
 @pytest.fixture(scope="module")
